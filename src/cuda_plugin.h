@@ -1,0 +1,75 @@
+/*
+ * cuda_plugin.h — the contract between the core library (no CUDA dependency) and the CUDA plugin
+ * lib/libattnlab_cuda.so, which the core loads with dlopen on first use.
+ *
+ * The plugin exports one symbol, `al_cuda_plugin_init`, that fills an al_cuda_api table. The core
+ * validates every argument (shapes, dtypes, devices, broadcasting, output allocation) before it calls
+ * the table, so the plugin's functions receive consistent descriptors: they only launch work.
+ * Errors: the plugin reports failures with al_error() (exported by the core library, which the
+ * plugin links against), naming the CUDA/cuBLAS call and its message.
+ *
+ * All device work goes to the plugin's current stream for the tensor's device; functions that
+ * return data to the host (memcpy_d2h) synchronise.
+ */
+#ifndef ATTNLAB_CUDA_PLUGIN_H
+#define ATTNLAB_CUDA_PLUGIN_H
+
+#include "attnlab.h"
+
+#define AL_CUDA_ABI_VERSION 1
+
+typedef struct al_cuda_api {
+    int32_t abi_version;                 /* AL_CUDA_ABI_VERSION */
+
+    /* devices */
+    int32_t (*device_count)(void);
+    al_status (*device_info)(int32_t dev, char *name, int32_t name_len, int32_t *cc_major,
+                             int32_t *cc_minor, int64_t *total_mem);
+    al_status (*synchronize)(int32_t dev);
+
+    /* memory: a caching allocator (freed blocks are kept per size class; no cudaFree on the hot path) */
+    al_status (*malloc)(int32_t dev, int64_t nbytes, void **ptr);
+    void (*free)(int32_t dev, void *ptr, int64_t nbytes);
+    int64_t (*memory_reserved)(int32_t dev);
+    al_status (*empty_cache)(int32_t dev);
+    al_status (*memcpy_h2d)(int32_t dev, void *dst, const void *src, int64_t nbytes);
+    al_status (*memcpy_d2h)(int32_t dev, void *dst, const void *src, int64_t nbytes);  /* synchronous */
+    al_status (*memcpy_d2d)(int32_t dev, void *dst, const void *src, int64_t nbytes);
+
+    /* element-wise, all operands on one device with dst's shape (broadcast already applied as
+     * stride 0), arbitrary strides, any dtypes (conversions bit-identical to the CPU's) */
+    al_status (*copy)(al_tensor *dst, const al_tensor *src);
+    al_status (*fill)(al_tensor *dst, double v);
+    al_status (*arange)(al_tensor *dst, double start, double step);
+    al_status (*random)(al_tensor *dst, int32_t kind, uint64_t seed, uint64_t offset);
+    al_status (*unary)(int32_t op, al_tensor *out, const al_tensor *a);
+    al_status (*binary)(int32_t op, al_tensor *out, const al_tensor *a, const al_tensor *b);
+    al_status (*binary_scalar)(int32_t op, al_tensor *out, const al_tensor *a, double s, int32_t scalar_first);
+    al_status (*where)(al_tensor *out, const al_tensor *cond, const al_tensor *a, const al_tensor *b);
+
+    /* reductions: out has a's ndim with reduced dims of extent 1 (keepdim form); dim_mask bit d set
+     * means dim d is reduced */
+    al_status (*reduce)(int32_t op, al_tensor *out, const al_tensor *a, uint32_t dim_mask);
+    al_status (*max_dim)(al_tensor *values, al_tensor *indices, const al_tensor *a, int32_t dim);
+    al_status (*softmax)(al_tensor *out, const al_tensor *a, int32_t dim, int32_t log);
+    /* out [B..., m, n] = a [B..., m, k] x b [B..., k, n]; all three have the same ndim >= 2 and the
+     * same batch extents (stride 0 where broadcast); out is contiguous */
+    al_status (*matmul)(al_tensor *out, const al_tensor *a, const al_tensor *b);
+    /* abs-diff statistics over two same-shape tensors: max |a-b|, sum (a-b)^2, count of elements
+     * violating |a-b| <= atol + rtol*|b| (NaN rules as al_allclose) */
+    al_status (*diff_stats)(const al_tensor *a, const al_tensor *b, double atol, double rtol,
+                            double *max_abs, double *sum_sq, int64_t *violations);
+
+    /* events */
+    al_status (*event_new)(void **ev, int32_t dev);
+    void (*event_free)(void *ev);
+    al_status (*event_record)(void *ev);
+    al_status (*event_synchronize)(void *ev);
+    al_status (*event_elapsed)(void *start, void *end, float *ms);
+} al_cuda_api;
+
+/* The plugin's one exported entry point. Returns AL_OK and fills api, or an error (no driver, no
+ * device, ABI mismatch) with the message set. */
+typedef al_status (*al_cuda_plugin_init_fn)(al_cuda_api *api, int32_t core_abi_version);
+
+#endif /* ATTNLAB_CUDA_PLUGIN_H */
