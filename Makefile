@@ -38,7 +38,7 @@ CUDA_LIB := $(LIBDIR)/libattnlab_cuda.so
 NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -Xcompiler -ffp-contract=off \
               -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
               -Iinclude -Isrc -Wno-deprecated-gpu-targets
-CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lnvrtc -lcuda
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudnn -lcudart -lnvrtc -lcuda
 
 C_TESTS  := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
 
@@ -92,10 +92,8 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/test_main.h $(CORE_LIB)
 test: all $(C_TESTS)
 	@mkdir -p $(BUILD)
 	@rm -f $(BUILD)/test.log
-	@for t in $(C_TESTS); do \
-		$$t 2>&1 | tee -a $(BUILD)/test.log; \
-	done
-	@$(LUA_ENV) $(BUSTED) -o tests/spec/summary.lua tests/spec 2>&1 | tee -a $(BUILD)/test.log
+	@for t in $(C_TESTS); do sh scripts/tally.sh run $(BUILD)/test.log $$t; done; true
+	@sh scripts/tally.sh run $(BUILD)/test.log env $(LUA_ENV) $(BUSTED) -o tests/spec/summary.lua tests/spec; true
 	@sh scripts/tally.sh $(BUILD)/test.log
 
 bench: all
