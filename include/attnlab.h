@@ -459,7 +459,8 @@ typedef struct al_attn_inputs {
 void al_attn_params_init(al_attn_params *p);
 /* Forward. Allocates (contiguous, zero in padded/gap rows):
  *   out       [sq,b,h,d_v] | [b,sq,h,d_v] | [t,h,d_v] in q's dtype and format
- *   lse       f32 [b,h,sq]: log-sum-exp of each row's scores (sink included), -inf for an empty row
+ *   lse       [b,h,sq] f32 (f64 under f64 compute): log-sum-exp of each row's scores (sink
+ *             included), -inf for an empty or padded row
  *   max_logit f32 [h] when return_max_logit (else left zeroed); may be NULL when not requested. */
 al_status al_attn_forward(const al_attn_params *p, const al_attn_inputs *in, al_tensor *out,
                           al_tensor *lse, al_tensor *max_logit);
