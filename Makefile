@@ -70,9 +70,11 @@ $(BUILD)/%.o: %.c $(wildcard include/*.h src/*.h src/numeric/*.h src/cpu/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(AL_CFLAGS) -c $< -o $@
 
+# -z nodelete: LuaJIT dlclose()s the library when the state closes while idle OpenMP/OpenBLAS worker
+# threads still run its code, an intermittent segfault at exit (seen after busted runs); never unload it.
 $(CORE_LIB): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-soname,libattnlab.so -Wl,--no-undefined -o $@.tmp $^ $(AL_LDLIBS) && mv -f $@.tmp $@
+	$(CC) -shared -Wl,-soname,libattnlab.so -Wl,--no-undefined -Wl,-z,nodelete -o $@.tmp $^ $(AL_LDLIBS) && mv -f $@.tmp $@
 
 $(BUILD)/%.o: %.cu $(wildcard include/*.h src/*.h src/numeric/*.h src/cuda/*.h)
 	@mkdir -p $(dir $@)

@@ -15,6 +15,10 @@
 #include <stdbool.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" { /* the CUDA plugin (C++ compiled) links against these C symbols */
+#endif
+
 #define AL_MAX_DIMS 8
 
 #if defined(__GNUC__)
@@ -109,5 +113,9 @@ AL_EXPORT al_status al_cuda_check_device(const char *op, int32_t device_index);
 AL_EXPORT al_status al_check_same_device(const char *op, const al_tensor *a, const al_tensor *b);
 /* Check that t is a valid (non-released) tensor; error names op and arg. */
 AL_EXPORT al_status al_check_tensor(const char *op, const char *arg, const al_tensor *t);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* ATTNLAB_INTERNAL_H */
