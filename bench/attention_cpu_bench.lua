@@ -1,0 +1,68 @@
+-- bench/attention_cpu_bench.lua — CPU attention forward and backward GFLOP/s for (b,h,s,d) =
+-- (1,8,1024,64) and (2,16,2048,128), causal and not, next to the CBLAS sgemm rate measured in the
+-- same run (al.matmul of f32 matrices, 2*m*n*k flops), with the ratio. The issue's target: the
+-- forward reaches >= 30% of the sgemm rate.
+--
+-- FLOP counts (the usual attention convention): forward 4*b*h*sq*skv*d (QK^T and PV), backward
+-- 2.5x the forward (5 GEMMs: S, dP, dV, dQ, dK); causal counts half the score matrix.
+-- Usage: luajit bench/attention_cpu_bench.lua [--quick]
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local al = require "attnlab"
+
+local quick = arg and arg[1] == "--quick"
+
+local ffi = require "ffi"
+if not pcall(ffi.typeof, "struct al_bench_timespec") then
+  ffi.cdef [[ struct al_bench_timespec { long tv_sec; long tv_nsec; };
+              int clock_gettime(int clk, struct al_bench_timespec *ts); ]]
+end
+local ts = ffi.new("struct al_bench_timespec")
+local function wall()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+-- best of `reps` timings after one warm-up
+local function time(fn, reps)
+  fn()
+  local best = math.huge
+  for _ = 1, reps do
+    local t0 = wall()
+    fn()
+    local t = wall() - t0
+    if t < best then best = t end
+  end
+  return best
+end
+
+al.manual_seed(0)
+-- sgemm rate on a square-ish problem the size of the attention GEMMs' total work
+local n = quick and 512 or 1024
+local A, B = al.randn({ n, n }), al.randn({ n, n })
+local tg = time(function() al.matmul(A, B) end, 3)
+local sgemm = 2 * n * n * n / tg / 1e9
+print(string.format("sgemm %dx%dx%d: %.1f GFLOP/s (threads: OMP_NUM_THREADS=%s)", n, n, n, sgemm,
+  os.getenv("OMP_NUM_THREADS") or "default"))
+print(string.format("%-22s %-7s %10s %10s %10s %10s %8s", "shape (b,h,s,d)", "mask", "fwd ms", "fwd GF/s",
+  "bwd ms", "bwd GF/s", "fwd/sgemm"))
+
+local shapes = { { 1, 8, 1024, 64 }, { 2, 16, 2048, 128 } }
+if quick then shapes = { { 1, 8, 1024, 64 } } end
+for _, s in ipairs(shapes) do
+  local b, h, sl, d = s[1], s[2], s[3], s[4]
+  local q, k, v = al.randn({ b, sl, h, d }), al.randn({ b, sl, h, d }), al.randn({ b, sl, h, d })
+  for _, mask in ipairs({ "no_mask", "causal" }) do
+    local args = { query_layer = q, key_layer = k, value_layer = v, qkv_format = "bshd", attn_mask_type = mask,
+      backend = "cpu" }
+    local out, ctx
+    local reps = (sl >= 2048) and 1 or 3
+    local tf = time(function() out, ctx = al.attention.forward(args) end, reps)
+    local dout = al.randn(out:size())
+    local tb = time(function() al.attention.backward(ctx, dout) end, reps)
+    local flops = 4 * b * h * sl * sl * d
+    if mask == "causal" then flops = flops / 2 end
+    local gf, gb = flops / tf / 1e9, 2.5 * flops / tb / 1e9
+    print(string.format("%-22s %-7s %10.1f %10.1f %10.1f %10.1f %7.0f%%", string.format("(%d,%d,%d,%d)", b, h, sl, d), mask,
+      tf * 1e3, gf, tb * 1e3, gb, 100 * gf / sgemm))
+  end
+end

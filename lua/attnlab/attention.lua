@@ -1,0 +1,395 @@
+--[[
+attnlab.attention — the functional DotProductAttention front end (al.attention.forward / backward /
+explain), TransformerEngine's argument names verbatim (te_dpa_semantics.md §2-3).
+
+  local out, ctx = al.attention.forward{qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd",
+                                         attn_mask_type = "causal"}
+  local grads = al.attention.backward(ctx, dout)      -- grads.qkv_layer: one packed gradient
+  print(al.attention.explain{...})                     -- each backend's verdict and reason
+
+Inputs: qkv_layer (with qkv_interleave_dim), or query_layer + kv_layer, or query_layer, key_layer,
+value_layer (the legacy path: al.attention.detect_layout labels them and warns when they are views of
+one packed buffer). Packed inputs are unpacked by al.attention.unpack_qkv (layout.lua) into zero-copy
+select views; every tensor is read by C through its real strides.
+The output is flattened like TE's: [b,s,h*d_v] (bshd), [s,b,h*d_v] (sbhd), [t,h*d_v] (thd); with
+return_max_logit, forward returns out, max_logit, ctx.
+Gradients come back keyed like the input: qkv_layer -> one packed gradient of qkv_layer's shape whose
+select views received dq/dk/dv in place; query_layer + kv_layer; or the three separate tensors; plus
+core_attention_bias (pre/post-scale bias) and softmax_offset (learnable softmax) where they apply.
+Dropout draws (seed, offset) from the default generator (al.manual_seed) unless dropout_seed /
+dropout_offset are given; the backward reuses the forward's mask exactly.
+]]
+local lffi = require "attnlab.ffi"
+local T = require "attnlab.tensor"
+local ffi, C = lffi.ffi, lffi.C
+
+local M = {}
+
+local FORMATS = { sbhd = 0, bshd = 1, thd = 2 }
+local MASKS = { no_mask = 0, padding = 1, causal = 2, padding_causal = 3, causal_bottom_right = 4,
+  padding_causal_bottom_right = 5, arbitrary = 6 }
+local MASK_ALIASES = { ["padding,causal"] = "padding_causal", ["causal,padding"] = "padding_causal",
+  causal_padding = "padding_causal", ["padding,causal_bottom_right"] = "padding_causal_bottom_right",
+  ["causal_bottom_right,padding"] = "padding_causal_bottom_right" }
+local BIASES = { no_bias = 0, pre_scale_bias = 1, post_scale_bias = 2, alibi = 3 }
+local SOFTMAX = { vanilla = 0, ["off-by-one"] = 1, off_by_one = 1, learnable = 2 }
+M.FORMATS, M.MASKS, M.BIASES, M.SOFTMAX = FORMATS, MASKS, BIASES, SOFTMAX
+
+local function keys(t)
+  local k = {}
+  for n in pairs(t) do k[#k + 1] = n end
+  table.sort(k)
+  return table.concat(k, ", ")
+end
+
+local function enum(fname, argname, tbl, v, aliases)
+  if aliases and aliases[v] then v = aliases[v] end
+  local c = tbl[v]
+  if c == nil then error(string.format("%s: %s: expected one of %s, got %s", fname, argname, keys(tbl), tostring(v)), 3) end
+  return c, v
+end
+
+local function warn(al, category, msg)
+  if al.warnings and al.warnings.warn then al.warnings.warn(category, msg, 4)
+  else io.stderr:write("attnlab: " .. category .. ": " .. msg .. "\n") end
+end
+
+local function is_tensor(x) return T.is_tensor(x) end
+
+local function check_tensor_arg(fname, name, x)
+  if x ~= nil and not is_tensor(x) then error(fname .. ": " .. name .. ": expected a tensor, got " .. type(x), 3) end
+end
+
+---------------------------------------------------------------------------------------------------
+-- TEMPORARY fallbacks, used only while layout.lua (the layouts helper) is absent.
+---------------------------------------------------------------------------------------------------
+local function fallback_unpack(args)
+  local fmt = args.qkv_format or "sbhd"
+  local dim = args.qkv_interleave_dim or -3
+  if args.qkv_layer and args.kv_layer then error("unpack_qkv: qkv_layer and kv_layer are mutually exclusive.", 3) end
+  if dim ~= -3 and dim ~= -2 then
+    error("unpack_qkv: qkv_interleave_dim must be -3 (e.g. bs3hd) or -2 (e.g. bsh3d), got " .. tostring(dim) .. ".", 3)
+  end
+  local pos = #fmt + dim + 1
+  if args.qkv_layer then
+    local p = args.qkv_layer
+    return p:select(dim, 1), p:select(dim, 2), p:select(dim, 3), fmt:sub(1, pos) .. "3" .. fmt:sub(pos + 1)
+  end
+  local p = args.kv_layer
+  return args.query_layer, p:select(dim, 1), p:select(dim, 2), fmt .. "_" .. fmt:sub(1, pos) .. "2" .. fmt:sub(pos + 1)
+end
+
+-- level: frames from unpack_inputs up to the user's call (for the deprecation warning's location)
+local function unpack_inputs(al, fname, args, fmt, level)
+  local A = al.attention
+  if args.qkv_layer ~= nil or args.kv_layer ~= nil then
+    check_tensor_arg(fname, "qkv_layer", args.qkv_layer)
+    check_tensor_arg(fname, "kv_layer", args.kv_layer)
+    local uargs = { qkv_layer = args.qkv_layer, kv_layer = args.kv_layer, query_layer = args.query_layer,
+      key_layer = args.key_layer, value_layer = args.value_layer,
+      qkv_interleave_dim = args.qkv_interleave_dim or -3, qkv_format = fmt }
+    local q, k, v, layout
+    if A.unpack_qkv then q, k, v, layout = A.unpack_qkv(uargs)
+    else q, k, v, layout = fallback_unpack(uargs) end
+    return q, k, v, layout, args.qkv_layer and "qkv" or "kv"
+  end
+  local q, k, v = args.query_layer, args.key_layer, args.value_layer
+  if q == nil or k == nil or v == nil then
+    error(fname .. ": query_layer, key_layer and value_layer are required unless packed inputs (qkv_layer or " ..
+      "kv_layer) are provided", 3)
+  end
+  check_tensor_arg(fname, "query_layer", q)
+  check_tensor_arg(fname, "key_layer", k)
+  check_tensor_arg(fname, "value_layer", v)
+  local layout
+  local okl, L = pcall(require, "attnlab.layout")
+  if okl and type(L) == "table" and L.detect then
+    layout = L.detect(q, k, v, fmt, nil, level or 1)
+  elseif A.detect_layout then
+    local r1, r2, r3, r4 = A.detect_layout(q, k, v, fmt)
+    if type(r1) == "string" then layout = r1
+    elseif is_tensor(r1) then q, k, v, layout = r1, r2, r3, r4   -- detection made contiguous copies
+    elseif type(r1) == "table" then layout = r1.layout or r1[1] end
+  end
+  return q, k, v, layout or (fmt .. "_" .. fmt .. "_" .. fmt), "separate"
+end
+
+---------------------------------------------------------------------------------------------------
+-- argument -> C params / inputs
+---------------------------------------------------------------------------------------------------
+-- TE's check_set_window_size, with its warnings; returns the (left, right) C receives.
+local function window(al, fname, mask_name, ws)
+  local wl, wr
+  if ws == nil then wl, wr = -1, -1
+  elseif type(ws) == "table" and #ws == 2 and type(ws[1]) == "number" and type(ws[2]) == "number" then wl, wr = ws[1], ws[2]
+  else error(fname .. ": window_size: expected {left, right} (numbers, -1 = unbounded), got " .. tostring(ws), 3) end
+  if mask_name:find("causal", 1, true) then
+    if ws == nil or (wl == -1 and wr == -1) then wl, wr = -1, 0
+    elseif wl >= 0 and wr ~= 0 then
+      warn(al, "UserWarning", "window_size should be (-1, 0) or (>=0, 0) for attn_mask_type=" .. mask_name ..
+        "; using (" .. wl .. ", 0)")
+      wr = 0
+    end
+  else
+    if wl == -1 and wr == 0 then
+      warn(al, "UserWarning", "window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type=" .. mask_name ..
+        "; using (-1, -1)")
+      wr = -1
+    end
+  end
+  return wl, wr
+end
+
+local BACKEND_LEN = 16
+
+local function build(al, fname, args, defaults, level)
+  if type(args) ~= "table" then error(fname .. ": expected a table of named arguments, got " .. type(args), 3) end
+  defaults = defaults or {}
+  local function arg(name, dflt)
+    local v = args[name]
+    if v == nil then v = defaults[name] end
+    if v == nil then v = dflt end
+    return v
+  end
+  local fmt_name = arg("qkv_format", "sbhd")
+  local fmt = enum(fname, "qkv_format", FORMATS, fmt_name)
+  local q, k, v, layout, mode = unpack_inputs(al, fname, args, fmt_name, (level or 3) + 2)
+  local mask_code, mask_name = enum(fname, "attn_mask_type", MASKS, arg("attn_mask_type", "causal"), MASK_ALIASES)
+  local bias_code = enum(fname, "core_attention_bias_type", BIASES, arg("core_attention_bias_type", "no_bias"))
+  local sm_code = enum(fname, "softmax_type", SOFTMAX, arg("softmax_type", "vanilla"))
+
+  local p = ffi.new("al_attn_params")
+  C.al_attn_params_init(p)
+  p.qkv_format = fmt
+  p.mask_type = mask_code
+  p.bias_type = bias_code
+  p.softmax_type = sm_code
+  local wl, wr = window(al, fname, mask_name, arg("window_size"))
+  p.window_left, p.window_right = wl, wr
+  local brd = arg("bottom_right_diagonal")
+  if brd ~= nil then p.bottom_right_diagonal = brd and 1 or 0 end
+  local scale = arg("softmax_scale")
+  if scale ~= nil then
+    if type(scale) ~= "number" or scale == 0 then error(fname .. ": softmax_scale: expected a non-zero number, got " .. tostring(scale), 3) end
+    p.softmax_scale = scale
+  end
+  local dropout = arg("attention_dropout", 0)
+  if type(dropout) ~= "number" or dropout < 0 or dropout >= 1 then
+    error(fname .. ": attention_dropout: expected a number in [0, 1), got " .. tostring(dropout), 3)
+  end
+  p.dropout_p = dropout
+  p.return_max_logit = arg("return_max_logit", false) and 1 or 0
+  p.deterministic = arg("deterministic", false) and 1 or 0
+  local cd = arg("compute_dtype", "f32")
+  if cd ~= "f32" and cd ~= "f64" then error(fname .. ": compute_dtype: expected 'f32' or 'f64', got " .. tostring(cd), 3) end
+  p.compute_dtype = cd == "f64" and 1 or 0
+  local be = arg("backend")
+  if be ~= nil then
+    if type(be) ~= "string" or #be >= BACKEND_LEN then error(fname .. ": backend: expected 'cpu', 'unfused', 'flash' or 'fused', got " .. tostring(be), 3) end
+    ffi.copy(p.backend, be)
+  end
+  local msq, mskv = arg("max_seqlen_q"), arg("max_seqlen_kv")
+  if fmt_name == "thd" then
+    if msq ~= nil then p.sq = msq end
+    if mskv ~= nil then p.skv = mskv end
+  end
+
+  -- head counts against the module's configuration
+  local nd = q:dim()
+  local h, hg = q:size(nd - 1), k:size(nd - 1)
+  local nh, ng = arg("num_attention_heads"), arg("num_gqa_groups")
+  if nh ~= nil and h ~= nh then
+    error(string.format("%s: query_layer has %d heads, expected num_attention_heads = %d", fname, h, nh), 3)
+  end
+  if ng ~= nil and hg ~= ng then
+    error(string.format("%s: Keys and values must have num_gqa_group = %d heads, got %d", fname, ng, hg), 3)
+  end
+  local kvc = arg("kv_channels")
+  if kvc ~= nil then
+    local dqk, dv = kvc, kvc
+    if type(kvc) == "table" then dqk, dv = kvc[1], kvc[2] end
+    if q:size(-1) ~= dqk or k:size(-1) ~= dqk then
+      error(string.format("%s: query/key head dim must equal kv_channels d_qk = %d, got %d and %d", fname, dqk, q:size(-1), k:size(-1)), 3)
+    end
+    if v:size(-1) ~= dv then
+      error(string.format("%s: value head dim must equal kv_channels d_v = %d, got %d", fname, dv, v:size(-1)), 3)
+    end
+  end
+
+  local refs = { q = q, k = k, v = v }
+  local inp = ffi.new("al_attn_inputs")
+  inp.q, inp.k, inp.v = q.raw, k.raw, v.raw
+  local function opt(field, name, x)
+    if x == nil then return end
+    check_tensor_arg(fname, name, x)
+    refs[field] = x
+    inp[field] = x.raw
+  end
+  opt("cu_seqlens_q", "cu_seqlens_q", args.cu_seqlens_q)
+  opt("cu_seqlens_kv", "cu_seqlens_kv", args.cu_seqlens_kv)
+  opt("cu_seqlens_q_padded", "cu_seqlens_q_padded", args.cu_seqlens_q_padded)
+  opt("cu_seqlens_kv_padded", "cu_seqlens_kv_padded", args.cu_seqlens_kv_padded)
+  local am = args.attention_mask
+  if type(am) == "table" then
+    if #am ~= 2 then error(fname .. ": attention_mask: expected a tensor or {q_mask, kv_mask}", 3) end
+    opt("attention_mask", "attention_mask[1]", am[1])
+    opt("attention_mask_kv", "attention_mask[2]", am[2])
+  else
+    opt("attention_mask", "attention_mask", am)
+  end
+  opt("bias", "core_attention_bias", args.core_attention_bias)
+  opt("alibi_slopes", "alibi_slopes", args.alibi_slopes)
+  opt("softmax_offset", "softmax_offset", arg("softmax_offset"))
+
+  -- dropout stream: (seed, offset) from the default generator, counters reserved for b*h*sq*skv
+  if dropout > 0 then
+    local seed, off = args.dropout_seed, args.dropout_offset
+    if seed == nil or off == nil then
+      local s, o = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+      C.al_rng_get_state(s, o)
+      seed = seed or s[0]
+      if off == nil then
+        local st = C.al_attn_check(p, inp)
+        T.check(st, fname)
+        -- b*h*sq*skv elements, 4 per Philox counter (the plan filled nothing back into p: compute here)
+        local b, sq, skv
+        if fmt_name == "thd" then
+          b = refs.cu_seqlens_q:size(1) - 1
+          sq = msq or q:size(1)
+          skv = mskv or k:size(1)
+        else
+          local bd = fmt_name == "sbhd" and 2 or 1
+          b, sq, skv = q:size(bd), q:size(3 - bd), k:size(3 - bd)
+        end
+        off = C.al_rng_reserve(math.ceil(b * h * sq * skv / 4))
+      end
+    end
+    p.dropout_seed, p.dropout_offset = seed, off
+  end
+  return p, inp, refs, layout, mode, fmt_name
+end
+
+---------------------------------------------------------------------------------------------------
+-- forward / backward / explain
+---------------------------------------------------------------------------------------------------
+local function flatten(out, fmt_name)
+  local s = out:size()
+  local n = #s
+  local fs = {}
+  for i = 1, n - 2 do fs[i] = s[i] end
+  fs[n - 1] = s[n - 1] * s[n]
+  return out:view(fs)
+end
+
+-- level: frames from M.forward up to the user's call
+function M.forward(al, args, defaults, level)
+  local fname = "attention.forward"
+  local p, inp, refs, layout, mode, fmt_name = build(al, fname, args, defaults, (level or 2) + 1)
+  local out, lse, ml = T.new(), T.new(), T.new()
+  T.check(C.al_attn_forward(p, inp, out.raw, lse.raw, p.return_max_logit ~= 0 and ml.raw or nil), fname)
+  T.after_alloc()
+  local ctx = { params = p, inputs = inp, refs = refs, layout = layout, mode = mode, qkv_format = fmt_name,
+    out = out, lse = lse, args = args,
+    qkv_interleave_dim = args.qkv_interleave_dim or -3 }
+  local flat = flatten(out, fmt_name)
+  if p.return_max_logit ~= 0 then
+    ctx.max_logit = ml
+    return flat, ml, ctx
+  end
+  return flat, ctx
+end
+
+local function zeros_like(al, t)
+  return al.zeros(t:size(), { dtype = t:dtype(), device = t:device() })
+end
+
+function M.backward(al, ctx, dout)
+  local fname = "attention.backward"
+  if type(ctx) ~= "table" or ctx.params == nil then error(fname .. ": ctx: expected the ctx returned by attention.forward", 2) end
+  if not is_tensor(dout) then error(fname .. ": dout: expected a tensor, got " .. type(dout), 2) end
+  local out = ctx.out
+  if dout:numel() ~= out:numel() then
+    error(string.format("%s: dout must have %d elements (the output's), got %d", fname, out:numel(), dout:numel()), 2)
+  end
+  local d4 = dout
+  if dout:dim() ~= out:dim() then
+    local ok, r = pcall(dout.view, dout, out:size())
+    d4 = ok and r or dout:contiguous():view(out:size())
+  end
+  local args = ctx.args
+  local refs = ctx.refs
+  local grads = {}
+  local dq, dk, dv
+  local dim = ctx.qkv_interleave_dim
+  if ctx.mode == "qkv" then
+    local g = zeros_like(al, args.qkv_layer)
+    dq, dk, dv = g:select(dim, 1), g:select(dim, 2), g:select(dim, 3)
+    grads.qkv_layer = g
+  elseif ctx.mode == "kv" then
+    dq = zeros_like(al, refs.q)
+    local g = zeros_like(al, args.kv_layer)
+    dk, dv = g:select(dim, 1), g:select(dim, 2)
+    grads.query_layer, grads.kv_layer = dq, g
+  else
+    dq, dk, dv = zeros_like(al, refs.q), zeros_like(al, refs.k), zeros_like(al, refs.v)
+    grads.query_layer, grads.key_layer, grads.value_layer = dq, dk, dv
+  end
+  local db, doff = T.new(), T.new()
+  T.check(C.al_attn_backward(ctx.params, ctx.inputs, out.raw, d4.raw, ctx.lse.raw, dq.raw, dk.raw, dv.raw,
+    db.raw, doff.raw), fname)
+  if db.raw.storage ~= nil then grads.core_attention_bias = db end
+  if doff.raw.storage ~= nil then grads.softmax_offset = doff end
+  return grads
+end
+
+function M.explain(al, args, defaults, level)
+  local fname = "attention.explain"
+  local p, inp, _, layout = build(al, fname, args, defaults, (level or 2) + 1)
+  local buf = ffi.new("char[?]", 8192)
+  local name = C.al_attn_explain(p, inp, buf, 8192)
+  local text = "layout " .. tostring(layout) .. "\n" .. ffi.string(buf)
+  if name == nil and text:find("error:", 1, true) == nil then
+    text = text .. "error: " .. T.last_error() .. "\n"
+  end
+  return text, name ~= nil and ffi.string(name) or nil
+end
+
+-- TE's default ALiBi slopes for h heads (a Lua list).
+function M.default_alibi_slopes(h)
+  local buf = ffi.new("float[?]", h)
+  C.al_attn_default_alibi_slopes(h, buf)
+  local t = {}
+  for i = 0, h - 1 do t[i + 1] = buf[i] end
+  return t
+end
+
+function M.install(al)
+  al.attention = al.attention or {}
+  local A = al.attention
+  -- (not tail calls: the frames count for the warnings' call-site levels)
+  A.forward = function(args) local a, b, c = M.forward(al, args, nil, 2) return a, b, c end
+  A.backward = function(ctx, dout) return M.backward(al, ctx, dout) end
+  A.explain = function(args) local a, b = M.explain(al, args, nil, 2) return a, b end
+  A.default_alibi_slopes = M.default_alibi_slopes
+  A.backends = function()
+    local t, i = {}, 0
+    while true do
+      local n = C.al_attn_backend_name(i)
+      if n == nil then break end
+      t[#t + 1] = ffi.string(n)
+      i = i + 1
+    end
+    return t
+  end
+  -- for nn.lua: forward/backward/explain with module defaults
+  A._forward_with = function(args, defaults, level)
+    local a, b, c = M.forward(al, args, defaults, (level or 1) + 1)
+    return a, b, c
+  end
+  A._explain_with = function(args, defaults, level)
+    local a, b = M.explain(al, args, defaults, (level or 1) + 1)
+    return a, b
+  end
+end
+
+return M

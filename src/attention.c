@@ -1,0 +1,675 @@
+/*
+ * attention.c — the DotProductAttention front door: parameter defaults, validation of params against
+ * tensors (every inconsistency is an error before any work), resolution into an al_attn_plan
+ * (attention_internal.h), and the backend registry with its selection and explanation.
+ *
+ * Backend selection order (ARCHITECTURE.md): fused, flash, unfused, cpu. GPU backends are registered
+ * by the CUDA plugin (al_attn_register_backend); the cpu backend is built in and serves only CPU
+ * tensors, so a call with cuda tensors that no GPU backend supports is an error, never a silent CPU
+ * run. A backend is forced with params.backend ("cpu", ...) or, when that is empty, the environment
+ * variable ATTNLAB_BACKEND; a forced backend that cannot serve the call is an error carrying its
+ * reason.
+ */
+#include "attention_internal.h"
+#include "numeric/philox.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- params ----------------------------------------------------------------------------------- */
+AL_EXPORT void al_attn_params_init(al_attn_params *p) {
+    memset(p, 0, sizeof *p);
+    p->qkv_format = AL_ATTN_FORMAT_SBHD;
+    p->mask_type = AL_ATTN_MASK_CAUSAL;
+    p->window_left = -1;
+    p->window_right = -1;
+    p->bottom_right_diagonal = -1;
+    p->bias_type = AL_ATTN_BIAS_NO_BIAS;
+    p->softmax_type = AL_ATTN_SOFTMAX_VANILLA;
+    p->compute_dtype = AL_DTYPE_F32;
+}
+
+static const char *fmt_name(int32_t f) {
+    static const char *n[] = {"sbhd", "bshd", "thd"};
+    return (f >= 0 && f <= 2) ? n[f] : "?";
+}
+static const char *mask_name(int32_t m) {
+    static const char *n[] = {"no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
+                              "padding_causal_bottom_right", "arbitrary"};
+    return (m >= 0 && m <= 6) ? n[m] : "?";
+}
+static int is_padding_mask(int32_t m) {
+    return m == AL_ATTN_MASK_PADDING || m == AL_ATTN_MASK_PADDING_CAUSAL ||
+           m == AL_ATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+}
+static int is_causal_mask(int32_t m) {
+    return m == AL_ATTN_MASK_CAUSAL || m == AL_ATTN_MASK_PADDING_CAUSAL ||
+           m == AL_ATTN_MASK_CAUSAL_BOTTOM_RIGHT || m == AL_ATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT;
+}
+
+/* ---- ALiBi and dropout helpers ---------------------------------------------------------------- */
+/* TE's get_alibi_slopes: the geometric series 2^(-8/n)^k for the closest power of two n, then the
+ * interleaved extra set 2^(-4/n)^(1,3,5,...) for the remaining heads. */
+AL_EXPORT void al_attn_default_alibi_slopes(int64_t h, float *slopes) {
+    if (h <= 0) return;
+    int64_t n = 1;
+    while (n * 2 <= h) n *= 2;
+    double m0 = pow(2.0, -8.0 / (double)n);
+    for (int64_t k = 0; k < n; k++) slopes[k] = (float)pow(m0, (double)(k + 1));
+    if (n < h) {
+        double mh = pow(2.0, -4.0 / (double)n);
+        for (int64_t k = 0; k < h - n; k++) slopes[n + k] = (float)pow(mh, (double)(2 * k + 1));
+    }
+}
+
+/* Dropout uses the shared Philox stream (numeric/philox.h): element idx is kept iff
+ * al_philox_uniform_f32(seed, offset, idx) < 1 - p. */
+AL_EXPORT float al_attn_dropout_uniform(uint64_t seed, uint64_t offset, uint64_t idx) {
+    return al_philox_uniform_f32(seed, offset, idx);
+}
+
+/* ---- validation and planning ------------------------------------------------------------------ */
+static void plan_free(al_attn_plan *pl) {
+    free(pl->q_start);   /* one block holds every int64 array */
+    free(pl->q_valid);
+    free(pl->kv_valid);
+    free(pl->alibi);
+    free(pl->softmax_offset);
+    memset(pl, 0, sizeof *pl);
+}
+
+static al_status check_float(const char *arg, const al_tensor *t) {
+    AL_TRY(al_check_tensor("attention", arg, t));
+    if (!al_dtype_is_float(t->dtype) || t->dtype == AL_DTYPE_FP8_E4M3 || t->dtype == AL_DTYPE_FP8_E5M2)
+        return al_error(AL_ERR_ARG, "attention: %s must be f32, f64, f16 or bf16, got %s", arg,
+                        al_dtype_name(t->dtype));
+    return AL_OK;
+}
+
+/* Read a cu_seqlens tensor: i32, 1-d, b+1 entries, monotone, starting at 0, last <= limit. */
+static al_status read_cu(const char *arg, const al_tensor *t, int64_t b, int64_t limit, const char *limit_what,
+                         int64_t *vals) {
+    char buf[96];
+    AL_TRY(al_check_tensor("attention", arg, t));
+    if (t->dtype != AL_DTYPE_I32)
+        return al_error(AL_ERR_ARG, "attention: %s must be i32, got %s", arg, al_tensor_describe(t, buf, sizeof buf));
+    if (t->ndim != 1 || t->size[0] != b + 1)
+        return al_error(AL_ERR_ARG, "attention: %s must have shape [%lld] (batch + 1), got %s", arg,
+                        (long long)(b + 1), al_tensor_describe(t, buf, sizeof buf));
+    double *d = malloc(sizeof(double) * (size_t)(b + 1));
+    if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
+    al_status s = al_tensor_read_f64(t, d, b + 1);
+    if (s != AL_OK) { free(d); return al_error_prefix(s, "attention"); }
+    for (int64_t i = 0; i <= b; i++) vals[i] = (int64_t)d[i];
+    free(d);
+    if (vals[0] != 0) return al_error(AL_ERR_ARG, "attention: %s must start at 0, got %lld", arg, (long long)vals[0]);
+    for (int64_t i = 0; i < b; i++)
+        if (vals[i + 1] < vals[i])
+            return al_error(AL_ERR_ARG, "attention: %s must be non-decreasing, got %lld then %lld at index %lld",
+                            arg, (long long)vals[i], (long long)vals[i + 1], (long long)(i + 1));
+    if (vals[b] > limit)
+        return al_error(AL_ERR_ARG, "attention: %s ends at %lld, beyond %s (%lld)", arg, (long long)vals[b],
+                        limit_what, (long long)limit);
+    return AL_OK;
+}
+
+/* A padding mask [b,1,1,s] (u8/bool, True = padded) into validity bytes; returns the count per row. */
+static al_status read_padding_mask(const char *arg, const al_tensor *m, int64_t b, int64_t s, uint8_t *valid,
+                                   int64_t *len) {
+    char buf[96];
+    AL_TRY(al_check_tensor("attention", arg, m));
+    if (m->dtype != AL_DTYPE_U8 && m->dtype != AL_DTYPE_BOOL)
+        return al_error(AL_ERR_ARG, "attention: %s must be u8 or bool (True = masked out), got %s", arg,
+                        al_tensor_describe(m, buf, sizeof buf));
+    if (m->ndim != 4 || m->size[0] != b || m->size[1] != 1 || m->size[2] != 1 || m->size[3] != s)
+        return al_error(AL_ERR_ARG, "attention: padding %s must have shape [%lld,1,1,%lld], got %s", arg,
+                        (long long)b, (long long)s, al_tensor_describe(m, buf, sizeof buf));
+    double *d = malloc(sizeof(double) * (size_t)(b * s > 0 ? b * s : 1));
+    if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
+    al_status st = al_tensor_read_f64(m, d, b * s);
+    if (st != AL_OK) { free(d); return al_error_prefix(st, "attention"); }
+    for (int64_t bb = 0; bb < b; bb++) {
+        len[bb] = 0;
+        for (int64_t i = 0; i < s; i++) {
+            valid[bb * s + i] = d[bb * s + i] == 0.0;
+            len[bb] += valid[bb * s + i];
+        }
+    }
+    free(d);
+    return AL_OK;
+}
+
+/* Broadcast t (ndim <= 4, right-aligned) to [b,h,sq,skv]: strides with 0 on broadcast dims. */
+static al_status broadcast4(const char *arg, const al_tensor *t, const int64_t want[4], int64_t stride[4]) {
+    char buf[96];
+    if (t->ndim < 1 || t->ndim > 4)
+        return al_error(AL_ERR_ARG, "attention: %s must have 1 to 4 dims, got %s", arg, al_tensor_describe(t, buf, sizeof buf));
+    for (int d = 0; d < 4; d++) {
+        int sd = d - (4 - t->ndim);
+        if (sd < 0) { stride[d] = 0; continue; }
+        if (t->size[sd] == want[d]) stride[d] = want[d] == 1 ? 0 : t->stride[sd];
+        else if (t->size[sd] == 1) stride[d] = 0;
+        else
+            return al_error(AL_ERR_ARG, "attention: %s of shape %s is not broadcastable to [%lld,%lld,%lld,%lld]", arg,
+                            al_tensor_describe(t, buf, sizeof buf), (long long)want[0], (long long)want[1],
+                            (long long)want[2], (long long)want[3]);
+    }
+    return AL_OK;
+}
+
+static al_status check_given(const char *what, int64_t given, int64_t actual) {
+    if (given != 0 && given != actual)
+        return al_error(AL_ERR_ARG, "attention: params.%s = %lld does not match the tensors (%lld)", what,
+                        (long long)given, (long long)actual);
+    return AL_OK;
+}
+
+static al_status plan_build_inner(al_attn_plan *pl) {
+    al_attn_params *p = &pl->p;
+    const al_attn_inputs *in = &pl->in;
+    char b1[96], b2[96];
+    AL_TRY(check_float("q (query_layer)", in->q));
+    AL_TRY(check_float("k (key_layer)", in->k));
+    AL_TRY(check_float("v (value_layer)", in->v));
+    if (in->q->dtype != in->k->dtype || in->q->dtype != in->v->dtype)
+        return al_error(AL_ERR_ARG, "attention: q, k and v must have one dtype, got %s, %s, %s",
+                        al_dtype_name(in->q->dtype), al_dtype_name(in->k->dtype), al_dtype_name(in->v->dtype));
+    AL_TRY(al_check_same_device("attention", in->q, in->k));
+    AL_TRY(al_check_same_device("attention", in->q, in->v));
+    if (p->qkv_format < 0 || p->qkv_format > 2)
+        return al_error(AL_ERR_ARG, "attention: qkv_format must be sbhd, bshd or thd (0..2), got %d", p->qkv_format);
+    if (p->mask_type < 0 || p->mask_type > 6)
+        return al_error(AL_ERR_ARG, "attention: attn_mask_type code %d is not one of 0..6", p->mask_type);
+    if (p->bias_type < 0 || p->bias_type > 3)
+        return al_error(AL_ERR_ARG, "attention: core_attention_bias_type code %d is not one of 0..3", p->bias_type);
+    if (p->softmax_type < 0 || p->softmax_type > 2)
+        return al_error(AL_ERR_ARG, "attention: softmax_type code %d is not one of 0..2", p->softmax_type);
+    if (p->compute_dtype != AL_DTYPE_F32 && p->compute_dtype != AL_DTYPE_F64)
+        return al_error(AL_ERR_ARG, "attention: compute dtype must be f32 or f64, got %s", al_dtype_name(p->compute_dtype));
+    if (!(p->dropout_p >= 0.0 && p->dropout_p < 1.0))
+        return al_error(AL_ERR_ARG, "attention: attention_dropout must be in [0, 1), got %g", p->dropout_p);
+
+    const int thd = p->qkv_format == AL_ATTN_FORMAT_THD;
+    const int want_nd = thd ? 3 : 4;
+    const al_tensor *q = in->q, *k = in->k, *v = in->v;
+    if (q->ndim != want_nd || k->ndim != want_nd || v->ndim != want_nd)
+        return al_error(AL_ERR_ARG, "attention: qkv_format=%s needs %dD q, k, v, got %s, %s and %dD v",
+                        fmt_name(p->qkv_format), want_nd, al_tensor_describe(q, b1, sizeof b1),
+                        al_tensor_describe(k, b2, sizeof b2), v->ndim);
+    const int nd = want_nd;
+    int64_t h = q->size[nd - 2], hg = k->size[nd - 2], dqk = q->size[nd - 1], dv = v->size[nd - 1];
+    if (v->size[nd - 2] != hg)
+        return al_error(AL_ERR_ARG, "attention: keys and values must have the same head count, got %lld and %lld",
+                        (long long)hg, (long long)v->size[nd - 2]);
+    if (k->size[nd - 1] != dqk)
+        return al_error(AL_ERR_ARG, "attention: queries and keys must have the same head dim (d_qk), got %lld and %lld",
+                        (long long)dqk, (long long)k->size[nd - 1]);
+    for (int d = 0; d < nd - 1; d++)
+        if (k->size[d] != v->size[d])
+            return al_error(AL_ERR_ARG, "attention: k.shape[:-1] must equal v.shape[:-1], got %s and %s",
+                            al_tensor_describe(k, b1, sizeof b1), al_tensor_describe(v, b2, sizeof b2));
+    if (hg <= 0 || h % hg != 0)
+        return al_error(AL_ERR_ARG, "attention: num_attention_heads (%lld) must be a multiple of num_gqa_groups (%lld)",
+                        (long long)h, (long long)hg);
+    if (dqk <= 0 || dv <= 0) return al_error(AL_ERR_ARG, "attention: head dims must be positive, got %lld and %lld",
+                                             (long long)dqk, (long long)dv);
+    AL_TRY(check_given("h", p->h, h));
+    AL_TRY(check_given("hg", p->hg, hg));
+    AL_TRY(check_given("d_qk", p->d_qk, dqk));
+    AL_TRY(check_given("d_v", p->d_v, dv));
+    p->h = h; p->hg = hg; p->d_qk = dqk; p->d_v = dv;
+
+    int64_t b, sq = 0, skv = 0;
+    if (thd) {
+        if (!is_padding_mask(p->mask_type))
+            return al_error(AL_ERR_ARG, "attention: qkv_format=thd needs a padding mask type (padding, padding_causal, "
+                            "padding_causal_bottom_right), got %s", mask_name(p->mask_type));
+        if (!in->cu_seqlens_q || !in->cu_seqlens_kv)
+            return al_error(AL_ERR_ARG, "attention: qkv_format=thd needs cu_seqlens_q and cu_seqlens_kv");
+        if (in->attention_mask || in->attention_mask_kv)
+            return al_error(AL_ERR_ARG, "attention: qkv_format=thd takes padding from cu_seqlens, not attention_mask");
+        if (in->cu_seqlens_q->ndim != 1 || in->cu_seqlens_q->size[0] < 2)
+            return al_error(AL_ERR_ARG, "attention: cu_seqlens_q must be 1-d with batch + 1 >= 2 entries, got %s",
+                            al_tensor_describe(in->cu_seqlens_q, b1, sizeof b1));
+        b = in->cu_seqlens_q->size[0] - 1;
+    } else {
+        int bd = p->qkv_format == AL_ATTN_FORMAT_SBHD ? 1 : 0, sd = 1 - bd;
+        b = q->size[bd]; sq = q->size[sd]; skv = k->size[sd];
+        if (k->size[bd] != b)
+            return al_error(AL_ERR_ARG, "attention: q and k batch sizes differ (%lld and %lld) for qkv_format=%s",
+                            (long long)b, (long long)k->size[bd], fmt_name(p->qkv_format));
+    }
+    AL_TRY(check_given("b", p->b, b));
+    p->b = b;
+
+    size_t nb = (size_t)(b > 0 ? b : 1);
+    pl->q_start = calloc(8 * nb, sizeof(int64_t));
+    if (!pl->q_start) return al_error(AL_ERR_OOM, "attention: out of memory");
+    pl->kv_start = pl->q_start + nb; pl->q_len = pl->kv_start + nb; pl->kv_len = pl->q_len + nb;
+    pl->q_rows = pl->kv_len + nb; pl->kv_rows = pl->q_rows + nb; pl->diag = pl->kv_rows + nb;
+    int64_t *cu = malloc(sizeof(int64_t) * 2 * (nb + 1));
+    if (!cu) return al_error(AL_ERR_OOM, "attention: out of memory");
+    int64_t *cup = cu + nb + 1;
+    al_status st = AL_OK;
+#define CU_TRY(e) do { st = (e); if (st != AL_OK) { free(cu); return st; } } while (0)
+
+    pl->has_padding = is_padding_mask(p->mask_type);
+    if (thd) {
+        int64_t tq = q->size[0], tkv = k->size[0];
+        for (int side = 0; side < 2; side++) {
+            const al_tensor *c = side ? in->cu_seqlens_kv : in->cu_seqlens_q;
+            const al_tensor *cp = side ? in->cu_seqlens_kv_padded : in->cu_seqlens_q_padded;
+            const char *nm = side ? "cu_seqlens_kv" : "cu_seqlens_q";
+            const char *nmp = side ? "cu_seqlens_kv_padded" : "cu_seqlens_q_padded";
+            int64_t t = side ? tkv : tq;
+            int64_t *start = side ? pl->kv_start : pl->q_start, *len = side ? pl->kv_len : pl->q_len;
+            CU_TRY(read_cu(nm, c, b, cp ? INT64_MAX : t, side ? "the key tensor's token count" : "the query tensor's token count", cu));
+            if (cp) {
+                CU_TRY(read_cu(nmp, cp, b, t, side ? "the key tensor's token count" : "the query tensor's token count", cup));
+                for (int64_t i = 0; i < b; i++)
+                    if (cu[i + 1] - cu[i] > cup[i + 1] - cup[i]) {
+                        free(cu);
+                        return al_error(AL_ERR_ARG, "attention: sequence %lld has %lld tokens in %s but only %lld slots in %s",
+                                        (long long)i, (long long)(cu[i + 1] - cu[i]), nm, (long long)(cup[i + 1] - cup[i]), nmp);
+                    }
+            }
+            int64_t mx = 0;
+            for (int64_t i = 0; i < b; i++) {
+                start[i] = cp ? cup[i] : cu[i];
+                len[i] = cu[i + 1] - cu[i];
+                if (len[i] > mx) mx = len[i];
+            }
+            int64_t *given = side ? &p->skv : &p->sq;
+            if (*given == 0) *given = mx;
+            else if (*given < mx) {
+                free(cu);
+                return al_error(AL_ERR_ARG, "attention: max_seqlen_%s = %lld is below the longest sequence (%lld)",
+                                side ? "kv" : "q", (long long)*given, (long long)mx);
+            }
+        }
+        sq = p->sq; skv = p->skv;
+    } else {
+        CU_TRY(check_given("sq", p->sq, sq));
+        CU_TRY(check_given("skv", p->skv, skv));
+        p->sq = sq; p->skv = skv;
+        if (in->cu_seqlens_q_padded || in->cu_seqlens_kv_padded) {
+            free(cu);
+            return al_error(AL_ERR_ARG, "attention: cu_seqlens_q_padded/cu_seqlens_kv_padded apply to qkv_format=thd only");
+        }
+        for (int64_t i = 0; i < b; i++) { pl->q_len[i] = sq; pl->kv_len[i] = skv; }
+        if ((in->cu_seqlens_q || in->cu_seqlens_kv || in->attention_mask) && !pl->has_padding &&
+            p->mask_type != AL_ATTN_MASK_ARBITRARY) {
+            free(cu);
+            return al_error(AL_ERR_ARG, "attention: attention_mask/cu_seqlens given but attn_mask_type=%s has no padding "
+                            "(use padding, padding_causal or padding_causal_bottom_right)", mask_name(p->mask_type));
+        }
+        if (pl->has_padding && (in->cu_seqlens_q || in->cu_seqlens_kv)) {
+            if (!in->cu_seqlens_q || !in->cu_seqlens_kv) { free(cu); return al_error(AL_ERR_ARG, "attention: give both cu_seqlens_q and cu_seqlens_kv"); }
+            if (in->attention_mask) { free(cu); return al_error(AL_ERR_ARG, "attention: give padding as attention_mask or as cu_seqlens, not both"); }
+            CU_TRY(read_cu("cu_seqlens_q", in->cu_seqlens_q, b, b * sq, "batch * max_seqlen_q", cu));
+            for (int64_t i = 0; i < b; i++) {
+                pl->q_len[i] = cu[i + 1] - cu[i];
+                if (pl->q_len[i] > sq) { free(cu); return al_error(AL_ERR_ARG, "attention: cu_seqlens_q gives sequence %lld length %lld > sq = %lld", (long long)i, (long long)pl->q_len[i], (long long)sq); }
+            }
+            CU_TRY(read_cu("cu_seqlens_kv", in->cu_seqlens_kv, b, b * skv, "batch * max_seqlen_kv", cu));
+            for (int64_t i = 0; i < b; i++) {
+                pl->kv_len[i] = cu[i + 1] - cu[i];
+                if (pl->kv_len[i] > skv) { free(cu); return al_error(AL_ERR_ARG, "attention: cu_seqlens_kv gives sequence %lld length %lld > skv = %lld", (long long)i, (long long)pl->kv_len[i], (long long)skv); }
+            }
+        } else if (pl->has_padding && in->attention_mask) {
+            pl->q_valid = malloc((size_t)(b * sq > 0 ? b * sq : 1));
+            pl->kv_valid = malloc((size_t)(b * skv > 0 ? b * skv : 1));
+            if (!pl->q_valid || !pl->kv_valid) { free(cu); return al_error(AL_ERR_OOM, "attention: out of memory"); }
+            CU_TRY(read_padding_mask("attention_mask", in->attention_mask, b, sq, pl->q_valid, pl->q_len));
+            if (in->attention_mask_kv) {
+                CU_TRY(read_padding_mask("attention_mask_kv", in->attention_mask_kv, b, skv, pl->kv_valid, pl->kv_len));
+            } else if (sq == skv) {
+                memcpy(pl->kv_valid, pl->q_valid, (size_t)(b * sq));
+                memcpy(pl->kv_len, pl->q_len, sizeof(int64_t) * (size_t)b);
+            } else {
+                free(cu);
+                return al_error(AL_ERR_ARG, "attention: cross-attention (sq=%lld, skv=%lld) with a padding attention_mask needs "
+                                "the key-side mask too (attention_mask = {q_mask, kv_mask})", (long long)sq, (long long)skv);
+            }
+        } else if (in->attention_mask_kv) {
+            free(cu);
+            return al_error(AL_ERR_ARG, "attention: attention_mask_kv given without a padding attention_mask");
+        }
+    }
+    free(cu);
+#undef CU_TRY
+    for (int64_t i = 0; i < b; i++) {
+        pl->q_rows[i] = pl->q_valid ? sq : pl->q_len[i];
+        pl->kv_rows[i] = pl->kv_valid ? skv : pl->kv_len[i];
+    }
+
+    /* masks and windows (TE check_set_window_size; Lua warns where TE warns) */
+    if (p->mask_type == AL_ATTN_MASK_ARBITRARY) {
+        if (!in->attention_mask) return al_error(AL_ERR_ARG, "attention: attn_mask_type=arbitrary needs attention_mask");
+        if (in->attention_mask_kv) return al_error(AL_ERR_ARG, "attention: attn_mask_type=arbitrary takes one attention_mask");
+        if (thd) return al_error(AL_ERR_ARG, "attention: attn_mask_type=arbitrary is not supported with qkv_format=thd");
+        const al_tensor *m = in->attention_mask;
+        AL_TRY(al_check_tensor("attention", "attention_mask", m));
+        if (m->dtype != AL_DTYPE_U8 && m->dtype != AL_DTYPE_BOOL)
+            return al_error(AL_ERR_ARG, "attention: attention_mask must be u8 or bool (True = masked out), got %s",
+                            al_tensor_describe(m, b1, sizeof b1));
+        if (m->device_type != AL_DEVICE_CPU && in->q->device_type == AL_DEVICE_CPU)
+            return al_error(AL_ERR_ARG, "attention: attention_mask must be on the device of q");
+        int64_t want[4] = {b, h, sq, skv};
+        AL_TRY(broadcast4("attention_mask", m, want, pl->arb_stride));
+        pl->has_arb = 1;
+        pl->arb_offset = m->offset;
+    } else if (!pl->has_padding && (in->attention_mask || in->attention_mask_kv)) {
+        return al_error(AL_ERR_ARG, "attention: attention_mask given but attn_mask_type=%s ignores it", mask_name(p->mask_type));
+    }
+    int64_t wl = p->window_left, wr = p->window_right;
+    if (wl < -1 || wr < -1)
+        return al_error(AL_ERR_ARG, "attention: window_size entries must be >= -1, got (%lld, %lld)", (long long)wl, (long long)wr);
+    if (is_causal_mask(p->mask_type)) {
+        if (wl == -1 && wr == -1) wr = 0;                     /* TE: no window -> (-1, 0) */
+        else if (wl >= 0 && wr != 0) wr = 0;                  /* TE forces wr = 0 (with a warning) */
+        else if (wr != 0)
+            return al_error(AL_ERR_ARG, "attention: window_size should be (-1, 0) or (>=0, 0) for attn_mask_type=%s, got (%lld, %lld)",
+                            mask_name(p->mask_type), (long long)wl, (long long)wr);
+        p->bottom_right_diagonal = (p->mask_type == AL_ATTN_MASK_CAUSAL_BOTTOM_RIGHT ||
+                                    p->mask_type == AL_ATTN_MASK_PADDING_CAUSAL_BOTTOM_RIGHT);
+    } else {
+        if (wl == -1 && wr == 0) wr = -1;                     /* TE: (-1, 0) -> (-1, -1) (with a warning) */
+        else if (!(wl == -1 && wr == -1) && (wl < 0 || wr < 0))
+            return al_error(AL_ERR_ARG, "attention: window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type=%s, got (%lld, %lld)",
+                            mask_name(p->mask_type), (long long)wl, (long long)wr);
+        if (p->bottom_right_diagonal < 0) p->bottom_right_diagonal = 1;
+    }
+    p->window_left = wl; p->window_right = wr;
+    pl->bottom_right = p->bottom_right_diagonal ? 1 : 0;
+    for (int64_t i = 0; i < b; i++) pl->diag[i] = pl->bottom_right ? pl->kv_len[i] - pl->q_len[i] : 0;
+
+    /* bias */
+    if (p->bias_type == AL_ATTN_BIAS_PRE_SCALE || p->bias_type == AL_ATTN_BIAS_POST_SCALE) {
+        const al_tensor *B = in->bias;
+        if (!B) return al_error(AL_ERR_ARG, "attention: core_attention_bias_type=%s needs core_attention_bias",
+                                p->bias_type == 1 ? "pre_scale_bias" : "post_scale_bias");
+        AL_TRY(check_float("core_attention_bias", B));
+        if (B->ndim != 4 || (B->size[0] != b && B->size[0] != 1) || (B->size[1] != h && B->size[1] != 1) ||
+            (B->size[2] != sq && B->size[2] != 1) || B->size[3] != skv)
+            return al_error(AL_ERR_ARG, "attention: core_attention_bias must be [b|1, h|1, sq|1, skv] = one of bhss, 1hss, "
+                            "b1ss, 11ss, 111s with b=%lld h=%lld sq=%lld skv=%lld, got %s", (long long)b, (long long)h,
+                            (long long)sq, (long long)skv, al_tensor_describe(B, b1, sizeof b1));
+        if (B->size[2] == 1 && (B->size[0] != 1 || B->size[1] != 1) && sq != 1)
+            return al_error(AL_ERR_ARG, "attention: core_attention_bias with sq extent 1 must be 111s ([1,1,1,skv]), got %s",
+                            al_tensor_describe(B, b1, sizeof b1));
+        if (B->device_type != q->device_type) return al_error(AL_ERR_ARG, "attention: core_attention_bias must be on q's device");
+        int64_t want[4] = {b, h, sq, skv};
+        AL_TRY(broadcast4("core_attention_bias", B, want, pl->bias_stride));
+        pl->bias_offset = B->offset;
+        pl->has_grad_bias = 1;
+    } else if (in->bias) {
+        return al_error(AL_ERR_ARG, "attention: core_attention_bias given but core_attention_bias_type is %s",
+                        p->bias_type == 0 ? "no_bias" : "alibi");
+    }
+    if (p->bias_type == AL_ATTN_BIAS_ALIBI) {
+        pl->alibi = malloc(sizeof(float) * (size_t)(b * h > 0 ? b * h : 1));
+        if (!pl->alibi) return al_error(AL_ERR_OOM, "attention: out of memory");
+        const al_tensor *s = in->alibi_slopes;
+        if (s) {
+            AL_TRY(al_check_tensor("attention", "alibi_slopes", s));
+            if (s->dtype != AL_DTYPE_F32)
+                return al_error(AL_ERR_ARG, "attention: alibi_slopes must be f32, got %s", al_tensor_describe(s, b1, sizeof b1));
+            int per_batch = s->ndim == 2 && s->size[0] == b && s->size[1] == h;
+            if (!(s->ndim == 1 && s->size[0] == h) && !per_batch)
+                return al_error(AL_ERR_ARG, "attention: alibi_slopes must be [h] or [b, h] = [%lld] or [%lld, %lld], got %s",
+                                (long long)h, (long long)b, (long long)h, al_tensor_describe(s, b1, sizeof b1));
+            double *d = malloc(sizeof(double) * (size_t)(b * h));
+            if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
+            st = al_tensor_read_f64(s, d, per_batch ? b * h : h);
+            if (st != AL_OK) { free(d); return al_error_prefix(st, "attention"); }
+            for (int64_t i = 0; i < b * h; i++) pl->alibi[i] = (float)d[per_batch ? i : i % h];
+            free(d);
+        } else {
+            al_attn_default_alibi_slopes(h, pl->alibi);
+            for (int64_t i = h; i < b * h; i++) pl->alibi[i] = pl->alibi[i % h];
+        }
+    } else if (in->alibi_slopes) {
+        return al_error(AL_ERR_ARG, "attention: alibi_slopes given but core_attention_bias_type is not alibi");
+    }
+
+    /* softmax */
+    if (p->softmax_type != AL_ATTN_SOFTMAX_VANILLA) {
+        pl->softmax_offset = calloc((size_t)h, sizeof(double));
+        if (!pl->softmax_offset) return al_error(AL_ERR_OOM, "attention: out of memory");
+        if (p->softmax_type == AL_ATTN_SOFTMAX_LEARNABLE) {
+            const al_tensor *o = in->softmax_offset;
+            if (!o) return al_error(AL_ERR_ARG, "attention: softmax_type=learnable needs softmax_offset [h]");
+            AL_TRY(check_float("softmax_offset", o));
+            int ok = (o->ndim == 1 && o->size[0] == h) || (o->ndim == 4 && o->size[0] == 1 && o->size[1] == h &&
+                                                          o->size[2] == 1 && o->size[3] == 1);
+            if (!ok) return al_error(AL_ERR_ARG, "attention: softmax_offset must be [h] = [%lld], got %s", (long long)h,
+                                     al_tensor_describe(o, b1, sizeof b1));
+            double *d = malloc(sizeof(double) * (size_t)h);
+            if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
+            st = al_tensor_read_f64(o, d, h);
+            if (st != AL_OK) { free(d); return al_error_prefix(st, "attention"); }
+            for (int64_t i = 0; i < h; i++) pl->softmax_offset[i] = d[i];
+            free(d);
+        }
+    }
+    if (p->softmax_scale == 0.0) p->softmax_scale = 1.0 / sqrt((double)dqk);
+    if (!isfinite(p->softmax_scale))
+        return al_error(AL_ERR_ARG, "attention: softmax_scale must be finite, got %g", p->softmax_scale);
+    return AL_OK;
+}
+
+static al_status plan_build(al_attn_plan *pl, const al_attn_params *p, const al_attn_inputs *in) {
+    memset(pl, 0, sizeof *pl);
+    if (!p || !in) return al_error(AL_ERR_ARG, "attention: params and inputs must not be NULL");
+    if (!in->q || !in->k || !in->v) return al_error(AL_ERR_ARG, "attention: q, k and v are required");
+    pl->p = *p;
+    pl->in = *in;
+    al_status s = plan_build_inner(pl);
+    if (s != AL_OK) plan_free(pl);
+    return s;
+}
+
+/* ---- backend registry ------------------------------------------------------------------------- */
+static int32_t cpu_supports(const al_attn_plan *pl, char *reason, size_t n) {
+    if (pl->in.q->device_type != AL_DEVICE_CPU) {
+        snprintf(reason, n, "tensors are on cuda:%d; the cpu backend serves CPU tensors only", pl->in.q->device_index);
+        return 0;
+    }
+    return 1;
+}
+static const al_attn_backend cpu_backend = {"cpu", cpu_supports, al_cpu_attn_forward, al_cpu_attn_backward};
+
+enum { SLOT_FUSED, SLOT_FLASH, SLOT_UNFUSED, SLOT_CPU, NSLOTS };
+static const char *slot_names[NSLOTS] = {"fused", "flash", "unfused", "cpu"};
+static const al_attn_backend *registry[NSLOTS] = {NULL, NULL, NULL, &cpu_backend};
+
+AL_EXPORT al_status al_attn_register_backend(const al_attn_backend *be) {
+    if (!be || !be->name) return al_error(AL_ERR_ARG, "al_attn_register_backend: backend must have a name");
+    for (int i = 0; i < SLOT_CPU; i++)
+        if (strcmp(slot_names[i], be->name) == 0) { registry[i] = be; return AL_OK; }
+    return al_error(AL_ERR_ARG, "al_attn_register_backend: name must be fused, flash or unfused, got '%s'", be->name);
+}
+
+AL_EXPORT const char *al_attn_backend_name(int32_t i) {
+    return (i >= 0 && i < NSLOTS) ? slot_names[i] : NULL;
+}
+
+/* The forced backend name ("" = none). */
+static const char *forced_name(const al_attn_params *p) {
+    if (p->backend[0]) return p->backend;
+    const char *e = getenv("ATTNLAB_BACKEND");
+    return (e && *e && strcmp(e, "auto") != 0) ? e : "";
+}
+
+/* Pick a backend; explain (when buf) writes every verdict. */
+static al_status choose(const al_attn_plan *pl, const al_attn_backend **out, char *buf, size_t n) {
+    char reason[256];
+    size_t used = 0;
+    /* GPU backends register when the CUDA plugin loads: make sure it has, for cuda tensors */
+    if (pl->in.q->device_type == AL_DEVICE_CUDA && !al_cuda_api_get()) al_clear_error();
+#define EMIT(...) do { if (buf && used < n) { int w_ = snprintf(buf + used, n - used, __VA_ARGS__); if (w_ > 0) used += (size_t)w_; } } while (0)
+    char pname[17];
+    memcpy(pname, forced_name(&pl->p), 16);
+    pname[16] = 0;
+    int forced = -1;
+    if (pname[0]) {
+        for (int i = 0; i < NSLOTS; i++) if (strcmp(slot_names[i], pname) == 0) forced = i;
+        if (forced < 0)
+            return al_error(AL_ERR_ARG, "attention: backend '%s' (from %s) is not one of fused, flash, unfused, cpu", pname,
+                            pl->p.backend[0] ? "backend=" : "ATTNLAB_BACKEND");
+        EMIT("backend forced to %s (%s)\n", pname, pl->p.backend[0] ? "backend= argument" : "ATTNLAB_BACKEND");
+    }
+    *out = NULL;
+    const char *forced_reason = NULL;
+    char forced_buf[256] = "";
+    for (int i = 0; i < NSLOTS; i++) {
+        const al_attn_backend *be = registry[i];
+        int ok = 0;
+        if (!be) snprintf(reason, sizeof reason, "not available: the CUDA plugin did not register it");
+        else {
+            reason[0] = 0;
+            ok = be->supports(pl, reason, sizeof reason) ? 1 : 0;
+        }
+        if (forced >= 0 && i != forced) {
+            EMIT("  %-8s %s%s\n", slot_names[i], ok ? "skipped: another backend is forced" : "no: ", ok ? "" : reason);
+            continue;
+        }
+        if (ok && !*out) {
+            *out = be;
+            EMIT("  %-8s CHOSEN\n", slot_names[i]);
+        } else if (ok) {
+            EMIT("  %-8s yes (lower preference)\n", slot_names[i]);
+        } else {
+            EMIT("  %-8s no: %s\n", slot_names[i], reason);
+            if (i == forced) { snprintf(forced_buf, sizeof forced_buf, "%s", reason); forced_reason = forced_buf; }
+        }
+    }
+#undef EMIT
+    if (!*out) {
+        if (forced >= 0)
+            return al_error(AL_ERR_UNSUPPORTED, "attention: forced backend '%s' cannot serve this call: %s", pname,
+                            forced_reason ? forced_reason : "unsupported");
+        return al_error(AL_ERR_UNSUPPORTED, "attention: no attention backend is available for this call (%s tensors, "
+                        "format %s, mask %s); al.attention.explain{...} lists each backend's reason",
+                        pl->in.q->device_type == AL_DEVICE_CPU ? "cpu" : "cuda", fmt_name(pl->p.qkv_format),
+                        mask_name(pl->p.mask_type));
+    }
+    return AL_OK;
+}
+
+AL_EXPORT al_status al_attn_check(const al_attn_params *p, const al_attn_inputs *in) {
+    al_attn_plan pl;
+    AL_TRY(plan_build(&pl, p, in));
+    plan_free(&pl);
+    return AL_OK;
+}
+
+AL_EXPORT const char *al_attn_explain(const al_attn_params *p, const al_attn_inputs *in, char *buf, int64_t n) {
+    al_attn_plan pl;
+    if (buf && n > 0) buf[0] = 0;
+    if (plan_build(&pl, p, in) != AL_OK) return NULL;
+    size_t used = 0;
+    if (buf && n > 0) {
+        snprintf(buf, (size_t)n, "attention %s b=%lld h=%lld hg=%lld sq=%lld skv=%lld d_qk=%lld d_v=%lld mask=%s window=(%lld,%lld)%s\n",
+                 fmt_name(pl.p.qkv_format), (long long)pl.p.b, (long long)pl.p.h, (long long)pl.p.hg, (long long)pl.p.sq,
+                 (long long)pl.p.skv, (long long)pl.p.d_qk, (long long)pl.p.d_v, mask_name(pl.p.mask_type),
+                 (long long)pl.p.window_left, (long long)pl.p.window_right, pl.bottom_right ? " bottom_right" : "");
+        used = strlen(buf);
+    }
+    const al_attn_backend *be = NULL;
+    al_status s = choose(&pl, &be, buf ? buf + used : NULL, buf ? (size_t)n - used : 0);
+    plan_free(&pl);
+    if (s != AL_OK) {
+        /* keep the per-backend lines and append the verdict */
+        if (buf) { size_t u = strlen(buf); snprintf(buf + u, (size_t)n - u, "error: %s\n", al_last_error()); }
+        return NULL;
+    }
+    return be->name;
+}
+
+AL_EXPORT al_status al_attn_forward(const al_attn_params *p, const al_attn_inputs *in, al_tensor *out,
+                                    al_tensor *lse, al_tensor *max_logit) {
+    if (out) memset(out, 0, sizeof *out);
+    if (lse) memset(lse, 0, sizeof *lse);
+    if (max_logit) memset(max_logit, 0, sizeof *max_logit);
+    if (!out || !lse) return al_error(AL_ERR_ARG, "attention_forward: out and lse must not be NULL");
+    al_attn_plan pl;
+    AL_TRY(plan_build(&pl, p, in));
+    if (pl.p.return_max_logit && !max_logit) {
+        plan_free(&pl);
+        return al_error(AL_ERR_ARG, "attention_forward: return_max_logit is set but max_logit is NULL");
+    }
+    const al_attn_backend *be;
+    al_status s = choose(&pl, &be, NULL, 0);
+    if (s == AL_OK) s = be->forward(&pl, out, lse, pl.p.return_max_logit ? max_logit : NULL);
+    plan_free(&pl);
+    if (s != AL_OK) { al_tensor_release(out); al_tensor_release(lse); if (max_logit) al_tensor_release(max_logit); }
+    return s;
+}
+
+static al_status same_shape(const char *what, const al_tensor *t, const al_tensor *ref) {
+    char b1[96], b2[96];
+    AL_TRY(al_check_tensor("attention_backward", what, t));
+    int ok = t->ndim == ref->ndim;
+    for (int d = 0; ok && d < t->ndim; d++) ok = t->size[d] == ref->size[d];
+    if (!ok) return al_error(AL_ERR_ARG, "attention_backward: %s must have shape of %s, got %s", what,
+                             al_tensor_describe(ref, b1, sizeof b1), al_tensor_describe(t, b2, sizeof b2));
+    if (t->device_type != ref->device_type)
+        return al_error(AL_ERR_ARG, "attention_backward: %s is on another device than the inputs", what);
+    return AL_OK;
+}
+
+AL_EXPORT al_status al_attn_backward(const al_attn_params *p, const al_attn_inputs *in, const al_tensor *out,
+                                     const al_tensor *dout, const al_tensor *lse, al_tensor *dq, al_tensor *dk,
+                                     al_tensor *dv, al_tensor *dbias, al_tensor *d_softmax_offset) {
+    if (dbias) memset(dbias, 0, sizeof *dbias);
+    if (d_softmax_offset) memset(d_softmax_offset, 0, sizeof *d_softmax_offset);
+    if (!out || !dout || !lse || !dq || !dk || !dv)
+        return al_error(AL_ERR_ARG, "attention_backward: out, dout, lse, dq, dk and dv must not be NULL");
+    al_attn_plan pl;
+    AL_TRY(plan_build(&pl, p, in));
+    al_status s = AL_OK;
+    char b1[96];
+    int nd = pl.p.qkv_format == AL_ATTN_FORMAT_THD ? 3 : 4;
+    /* out/dout: q's shape with d_v as the last extent */
+    if ((s = al_check_tensor("attention_backward", "out", out)) != AL_OK) goto done;
+    if ((s = al_check_tensor("attention_backward", "dout", dout)) != AL_OK) goto done;
+    for (int which = 0; which < 2; which++) {
+        const al_tensor *t = which ? dout : out;
+        int ok = t->ndim == nd && al_dtype_is_float(t->dtype);
+        for (int d = 0; ok && d < nd - 1; d++) ok = t->size[d] == in->q->size[d];
+        if (ok) ok = t->size[nd - 1] == pl.p.d_v;
+        if (!ok) {
+            s = al_error(AL_ERR_ARG, "attention_backward: %s must be a float tensor shaped like q with last extent d_v=%lld, got %s",
+                         which ? "dout" : "out", (long long)pl.p.d_v, al_tensor_describe(t, b1, sizeof b1));
+            goto done;
+        }
+    }
+    if ((s = al_check_tensor("attention_backward", "lse", lse)) != AL_OK) goto done;
+    if ((lse->dtype != AL_DTYPE_F32 && lse->dtype != AL_DTYPE_F64) || lse->ndim != 3 || lse->size[0] != pl.p.b || lse->size[1] != pl.p.h ||
+        lse->size[2] != pl.p.sq) {
+        s = al_error(AL_ERR_ARG, "attention_backward: lse must be f32/f64 [%lld,%lld,%lld] from the forward, got %s",
+                     (long long)pl.p.b, (long long)pl.p.h, (long long)pl.p.sq, al_tensor_describe(lse, b1, sizeof b1));
+        goto done;
+    }
+    if ((s = same_shape("dq", dq, in->q)) != AL_OK) goto done;
+    if ((s = same_shape("dk", dk, in->k)) != AL_OK) goto done;
+    if ((s = same_shape("dv", dv, in->v)) != AL_OK) goto done;
+    if (!al_dtype_is_float(dq->dtype) || !al_dtype_is_float(dk->dtype) || !al_dtype_is_float(dv->dtype)) {
+        s = al_error(AL_ERR_ARG, "attention_backward: dq, dk and dv must be float tensors");
+        goto done;
+    }
+    const al_attn_backend *be;
+    if ((s = choose(&pl, &be, NULL, 0)) != AL_OK) goto done;
+    s = be->backward(&pl, out, dout, lse, dq, dk, dv, pl.has_grad_bias ? dbias : NULL,
+                     pl.p.softmax_type == AL_ATTN_SOFTMAX_LEARNABLE ? d_softmax_offset : NULL);
+done:
+    plan_free(&pl);
+    if (s != AL_OK) {
+        if (dbias) al_tensor_release(dbias);
+        if (d_softmax_offset) al_tensor_release(d_softmax_offset);
+    }
+    return s;
+}

@@ -1,0 +1,74 @@
+/*
+ * attention_internal.h — what the attention front door (src/attention.c) hands to a backend.
+ *
+ * The front door validates an al_attn_params + al_attn_inputs pair and resolves it into an
+ * al_attn_plan: every derived extent filled in, the softmax scale, the window and the diagonal
+ * alignment resolved exactly as TransformerEngine does (te_dpa_semantics.md §3.2), the per-sequence
+ * lengths and memory offsets read off cu_seqlens / padding masks, the ALiBi slopes materialised.
+ * Backends never re-validate: they receive consistent descriptors and only compute.
+ *
+ * Element (b, h, i, j) — i, j sequence-local indices — is masked out when any of:
+ *   i >= q_len[b] or (q_valid && !q_valid[b*sq+i])          (the whole row: zero output)
+ *   j >= kv_len[b] or (kv_valid && !kv_valid[b*skv+j])
+ *   window_left  >= 0 and j < i + diag[b] - window_left
+ *   window_right >= 0 and j > i + diag[b] + window_right    (causal masks have window_right = 0)
+ *   the arbitrary mask is true at (b, h, i, j) (broadcast)
+ * where diag[b] = bottom_right ? kv_len[b] - q_len[b] : 0 (actual lengths, per sequence).
+ */
+#ifndef ATTNLAB_ATTENTION_INTERNAL_H
+#define ATTNLAB_ATTENTION_INTERNAL_H
+
+#include "internal.h"
+
+/* C linkage also for the CUDA plugin's C++ files (which register backends and read plans). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct al_attn_plan {
+    al_attn_params p;           /* resolved: extents filled, softmax_scale > 0, window set */
+    al_attn_inputs in;          /* the caller's tensors (pointers) */
+    int32_t bottom_right;       /* resolved diagonal alignment */
+    int32_t has_padding;        /* a padding-type mask */
+    int32_t has_grad_bias;      /* pre/post-scale bias present */
+    /* per sequence, length b (host memory owned by the plan) */
+    int64_t *q_start, *kv_start;   /* first row in the token dim (thd: padded offsets; dense: 0) */
+    int64_t *q_len, *kv_len;       /* actual lengths */
+    int64_t *q_rows, *kv_rows;     /* rows to visit: q_len/kv_len, or sq/skv when validity arrays exist */
+    int64_t *diag;                 /* diagonal offset per sequence */
+    uint8_t *q_valid, *kv_valid;   /* [b*sq], [b*skv] from padding attention masks, or NULL */
+    float *alibi;                  /* [b*h] slopes when bias_type is alibi, else NULL */
+    double *softmax_offset;        /* [h] sink logits (0 for off-by-one), NULL for vanilla */
+    /* the arbitrary mask broadcast to 4-d [b,h,sq,skv] (stride 0 on broadcast dims) */
+    int32_t has_arb;
+    int64_t arb_stride[4], arb_offset;
+    /* the bias broadcast to 4-d [b,h,sq,skv] */
+    int64_t bias_stride[4];
+    int64_t bias_offset;
+} al_attn_plan;
+
+/* A backend. supports() fills reason (NUL-terminated, n bytes) when it returns 0. */
+typedef struct al_attn_backend {
+    const char *name;
+    int32_t (*supports)(const al_attn_plan *plan, char *reason, size_t n);
+    al_status (*forward)(const al_attn_plan *plan, al_tensor *out, al_tensor *lse, al_tensor *max_logit);
+    al_status (*backward)(const al_attn_plan *plan, const al_tensor *out, const al_tensor *dout,
+                          const al_tensor *lse, al_tensor *dq, al_tensor *dk, al_tensor *dv,
+                          al_tensor *dbias, al_tensor *d_softmax_offset);
+} al_attn_backend;
+
+/* Register a backend at a preference slot: "fused", "flash", "unfused" (GPU plugins) — the name
+ * fixes the slot; the cpu backend is built in. Replaces an earlier registration of the same name. */
+AL_EXPORT al_status al_attn_register_backend(const al_attn_backend *backend);
+
+/* The CPU backend (src/cpu/attention_fwd.c, attention_bwd.c). */
+al_status al_cpu_attn_forward(const al_attn_plan *plan, al_tensor *out, al_tensor *lse, al_tensor *max_logit);
+al_status al_cpu_attn_backward(const al_attn_plan *plan, const al_tensor *out, const al_tensor *dout,
+                               const al_tensor *lse, al_tensor *dq, al_tensor *dk, al_tensor *dv,
+                               al_tensor *dbias, al_tensor *d_softmax_offset);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTNLAB_ATTENTION_INTERNAL_H */

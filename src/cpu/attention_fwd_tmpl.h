@@ -1,0 +1,156 @@
+/*
+ * cpu/attention_fwd_tmpl.h — body of the CPU attention forward, instantiated by attention_fwd.c for
+ * f32 compute (REAL=float, sgemm, fast exp) and f64 compute (REAL=double, dgemm, libm exp).
+ *
+ * Flash-style: tasks are (batch, head, query block of BM rows), statically split over OpenMP threads
+ * (so consecutive tasks share a (batch, kv head) and each thread converts that head's K and V to
+ * contiguous REAL once and reuses them); per task the keys are visited in BN-row tiles:
+ *   S = Q K^T (GEMM), scores = scale/bias/ALiBi/mask, online softmax (running max m, sum l),
+ *   O = O * exp(m_old - m_new) + P_dropped V (GEMM).
+ * Memory per thread: K,V of one head (linear in skv) plus O(BM*BN) tiles.
+ * Needs: REAL, SUF, GEMM (cblas_sgemm / cblas_dgemm), EXPR(x), EXPSUM (exp(s - mu) in place, summed),
+ * ROWMAX.
+ */
+#define FWD_CAT2(a, b) a##b
+#define FWD_CAT(a, b) FWD_CAT2(a, b)
+#define FWD_FN FWD_CAT(al_attn_fwd_, SUF)
+
+static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse, float *maxlog_thr) {
+    const al_attn_params *p = &pl->p;
+    const int64_t B = p->b, H = p->h, HG = p->hg, SQ = p->sq, SKV = p->skv, DQK = p->d_qk, DV = p->d_v;
+    const int64_t group = H / HG;
+    const int64_t nqb = (SQ + AL_ATTN_BM - 1) / AL_ATTN_BM;
+    const int64_t ntasks = B * H * nqb;
+    const REAL scale = (REAL)p->softmax_scale;
+    const int pre = p->bias_type == AL_ATTN_BIAS_PRE_SCALE, post = p->bias_type == AL_ATTN_BIAS_POST_SCALE;
+    const int alibi = p->bias_type == AL_ATTN_BIAS_ALIBI;
+    const double dp = p->dropout_p;
+    const float keep_prob = (float)(1.0 - dp);
+    const REAL dscale = dp > 0 ? (REAL)(1.0 / (1.0 - dp)) : (REAL)1;
+    al_attn_acc aq, ak, av, ao;
+    al_attn_acc_init(&aq, pl->in.q, p->qkv_format);
+    al_attn_acc_init(&ak, pl->in.k, p->qkv_format);
+    al_attn_acc_init(&av, pl->in.v, p->qkv_format);
+    al_attn_acc_init(&ao, out, p->qkv_format);
+    int failed = 0;
+
+#pragma omp parallel
+    {
+        const int tid = al_attn_thread();
+        int64_t kvmax = SKV > 0 ? SKV : 1;
+        REAL *Kc = malloc(sizeof(REAL) * (size_t)(kvmax * DQK));
+        REAL *Vc = malloc(sizeof(REAL) * (size_t)(kvmax * DV));
+        REAL *Q = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * DQK));
+        REAL *S = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * AL_ATTN_BN));
+        REAL *O = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * DV));
+        REAL m[AL_ATTN_BM], l[AL_ATTN_BM], raw[AL_ATTN_BM];
+        float *mthr = maxlog_thr ? maxlog_thr + (size_t)tid * (size_t)H : NULL;
+        int64_t cb = -1, ch = -1;
+        if (!Kc || !Vc || !Q || !S || !O) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < ntasks; task++) {
+            if (failed) continue;
+            const int64_t qb = task % nqb, bh = task / nqb, hh = bh % H, bb = bh / H, hk = hh / group;
+            const int64_t i0 = qb * AL_ATTN_BM, qrows = pl->q_rows[bb];
+            if (i0 >= qrows) continue;
+            const int64_t bm = qrows - i0 < AL_ATTN_BM ? qrows - i0 : AL_ATTN_BM;
+            const int64_t kvrows = pl->kv_rows[bb];
+            if (bb != cb || hk != ch) {   /* convert this (batch, kv head)'s K and V once */
+                for (int64_t j = 0; j < kvrows; j++) {
+                    int64_t ko = ak.off + bb * ak.s_b + (pl->kv_start[bb] + j) * ak.s_row + hk * ak.s_h;
+                    int64_t vo = av.off + bb * av.s_b + (pl->kv_start[bb] + j) * av.s_row + hk * av.s_h;
+                    for (int64_t d = 0; d < DQK; d++) Kc[j * DQK + d] = (REAL)al_attn_ld(ak.base, ak.dtype, ko + d * ak.s_d);
+                    for (int64_t d = 0; d < DV; d++) Vc[j * DV + d] = (REAL)al_attn_ld(av.base, av.dtype, vo + d * av.s_d);
+                }
+                cb = bb; ch = hk;
+            }
+            for (int64_t r = 0; r < bm; r++) {
+                int64_t qo = aq.off + bb * aq.s_b + (pl->q_start[bb] + i0 + r) * aq.s_row + hh * aq.s_h;
+                for (int64_t d = 0; d < DQK; d++) Q[r * DQK + d] = (REAL)al_attn_ld(aq.base, aq.dtype, qo + d * aq.s_d);
+            }
+            const REAL sink = pl->softmax_offset ? (REAL)pl->softmax_offset[hh] : (REAL)0;
+            for (int64_t r = 0; r < bm; r++) {
+                m[r] = pl->softmax_offset ? sink : (REAL)-INFINITY;
+                l[r] = pl->softmax_offset ? (REAL)1 : (REAL)0;
+                raw[r] = (REAL)-INFINITY;
+            }
+            memset(O, 0, sizeof(REAL) * (size_t)(bm * DV));
+            int64_t jlo, jhi;
+            al_attn_kv_range(pl, bb, i0, bm, &jlo, &jhi);
+            const float slope = alibi ? pl->alibi[bb * H + hh] : 0.0f;
+            const int64_t diag = pl->diag[bb];
+            for (int64_t j0 = jlo; j0 < jhi; j0 += AL_ATTN_BN) {
+                const int64_t bn = jhi - j0 < AL_ATTN_BN ? jhi - j0 : AL_ATTN_BN;
+                /* S = scale * Q K^T (the scale rides on the GEMM's alpha) */
+                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bm, (int)bn, (int)DQK, scale, Q, (int)DQK,
+                     Kc + j0 * DQK, (int)DQK, (REAL)0, S, AL_ATTN_BN);
+                const int need_mask = al_attn_tile_needs_mask(pl, bb, i0, bm, j0, bn);
+                for (int64_t r = 0; r < bm; r++) {
+                    REAL *s = S + r * AL_ATTN_BN;
+                    const int64_t i = i0 + r;
+                    if (pre || post) {   /* pre: scale (qk + B) = scale qk + scale B */
+                        const REAL f = pre ? scale : (REAL)1;
+                        for (int64_t c = 0; c < bn; c++) s[c] += f * (REAL)al_attn_bias_at(pl, bb, hh, i, j0 + c);
+                    }
+                    if (alibi)
+                        for (int64_t c = 0; c < bn; c++) {
+                            int64_t dist = j0 + c - i - diag;
+                            s[c] -= (REAL)slope * (REAL)(dist < 0 ? -dist : dist);
+                        }
+                    if (need_mask) {
+                        int64_t wlo, whi;
+                        if (al_attn_row_window(pl, bb, i, j0, bn, &wlo, &whi)) {
+                            for (int64_t c = 0; c < wlo; c++) s[c] = (REAL)-INFINITY;
+                            for (int64_t c = whi; c < bn; c++) s[c] = (REAL)-INFINITY;
+                        } else {
+                            for (int64_t c = 0; c < bn; c++)
+                                if (al_attn_masked(pl, bb, hh, i, j0 + c)) s[c] = (REAL)-INFINITY;
+                        }
+                    }
+                    const REAL mt = ROWMAX(s, bn);
+                    if (mt > raw[r]) raw[r] = mt;
+                    const REAL mnew = mt > m[r] ? mt : m[r];
+                    const REAL mu = mnew == (REAL)-INFINITY ? (REAL)0 : mnew;
+                    const REAL alpha = EXPR(m[r] - mu);
+                    const REAL sum = EXPSUM(s, bn, mu);
+                    l[r] = l[r] * alpha + sum;
+                    m[r] = mnew;
+                    if (alpha != (REAL)1) {
+                        REAL *o = O + r * DV;
+                        for (int64_t d = 0; d < DV; d++) o[d] *= alpha;
+                    }
+                    if (dp > 0) {
+                        uint64_t base = (uint64_t)(((bb * H + hh) * SQ + i) * SKV + j0);
+                        for (int64_t c = 0; c < bn; c++)
+                            s[c] = al_philox_keep(p->dropout_seed, p->dropout_offset, base + (uint64_t)c, keep_prob)
+                                       ? s[c] * dscale : (REAL)0;
+                    }
+                }
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bm, (int)DV, (int)bn, (REAL)1, S, AL_ATTN_BN,
+                     Vc + j0 * DV, (int)DV, (REAL)1, O, (int)DV);
+            }
+            for (int64_t r = 0; r < bm; r++) {
+                const int64_t i = i0 + r;
+                const int row_ok = !(pl->q_valid && !pl->q_valid[bb * SQ + i]);
+                REAL *lrow = lse + (bb * H + hh) * SQ;
+                if (!row_ok) { lrow[i] = (REAL)-INFINITY; continue; }   /* padded row: zero output */
+                const REAL inv = l[r] > 0 ? (REAL)1 / l[r] : (REAL)0;
+                const REAL mu = m[r] == (REAL)-INFINITY ? (REAL)0 : m[r];
+                lrow[i] = l[r] > 0 ? (REAL)(mu + log(l[r])) : (REAL)-INFINITY;
+                int64_t oo = ao.off + bb * ao.s_b + (pl->q_start[bb] + i) * ao.s_row + hh * ao.s_h;
+                for (int64_t d = 0; d < DV; d++) al_attn_st(ao.base, ao.dtype, oo + d * ao.s_d, (double)(O[r * DV + d] * inv));
+                if (mthr && raw[r] > mthr[hh]) mthr[hh] = (float)raw[r];
+            }
+        }
+        free(Kc); free(Vc); free(Q); free(S); free(O);
+    }
+    if (failed) return al_error(AL_ERR_OOM, "attention_forward (cpu): out of memory for the per-thread tiles");
+    return AL_OK;
+}
+
+#undef FWD_FN
+#undef FWD_CAT
+#undef FWD_CAT2
