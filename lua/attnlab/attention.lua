@@ -60,25 +60,6 @@ local function check_tensor_arg(fname, name, x)
   if x ~= nil and not is_tensor(x) then error(fname .. ": " .. name .. ": expected a tensor, got " .. type(x), 3) end
 end
 
----------------------------------------------------------------------------------------------------
--- TEMPORARY fallbacks, used only while layout.lua (the layouts helper) is absent.
----------------------------------------------------------------------------------------------------
-local function fallback_unpack(args)
-  local fmt = args.qkv_format or "sbhd"
-  local dim = args.qkv_interleave_dim or -3
-  if args.qkv_layer and args.kv_layer then error("unpack_qkv: qkv_layer and kv_layer are mutually exclusive.", 3) end
-  if dim ~= -3 and dim ~= -2 then
-    error("unpack_qkv: qkv_interleave_dim must be -3 (e.g. bs3hd) or -2 (e.g. bsh3d), got " .. tostring(dim) .. ".", 3)
-  end
-  local pos = #fmt + dim + 1
-  if args.qkv_layer then
-    local p = args.qkv_layer
-    return p:select(dim, 1), p:select(dim, 2), p:select(dim, 3), fmt:sub(1, pos) .. "3" .. fmt:sub(pos + 1)
-  end
-  local p = args.kv_layer
-  return args.query_layer, p:select(dim, 1), p:select(dim, 2), fmt .. "_" .. fmt:sub(1, pos) .. "2" .. fmt:sub(pos + 1)
-end
-
 -- level: frames from unpack_inputs up to the user's call (for the deprecation warning's location)
 local function unpack_inputs(al, fname, args, fmt, level)
   local A = al.attention
@@ -87,10 +68,9 @@ local function unpack_inputs(al, fname, args, fmt, level)
     check_tensor_arg(fname, "kv_layer", args.kv_layer)
     local uargs = { qkv_layer = args.qkv_layer, kv_layer = args.kv_layer, query_layer = args.query_layer,
       key_layer = args.key_layer, value_layer = args.value_layer,
-      qkv_interleave_dim = args.qkv_interleave_dim or -3, qkv_format = fmt }
-    local q, k, v, layout
-    if A.unpack_qkv then q, k, v, layout = A.unpack_qkv(uargs)
-    else q, k, v, layout = fallback_unpack(uargs) end
+      qkv_interleave_dim = args.qkv_interleave_dim or -3, qkv_format = fmt,
+      inference_params = args.inference_params }
+    local q, k, v, layout = A.unpack_qkv(uargs)
     return q, k, v, layout, args.qkv_layer and "qkv" or "kv"
   end
   local q, k, v = args.query_layer, args.key_layer, args.value_layer
@@ -101,17 +81,8 @@ local function unpack_inputs(al, fname, args, fmt, level)
   check_tensor_arg(fname, "query_layer", q)
   check_tensor_arg(fname, "key_layer", k)
   check_tensor_arg(fname, "value_layer", v)
-  local layout
-  local okl, L = pcall(require, "attnlab.layout")
-  if okl and type(L) == "table" and L.detect then
-    layout = L.detect(q, k, v, fmt, nil, level or 1)
-  elseif A.detect_layout then
-    local r1, r2, r3, r4 = A.detect_layout(q, k, v, fmt)
-    if type(r1) == "string" then layout = r1
-    elseif is_tensor(r1) then q, k, v, layout = r1, r2, r3, r4   -- detection made contiguous copies
-    elseif type(r1) == "table" then layout = r1.layout or r1[1] end
-  end
-  return q, k, v, layout or (fmt .. "_" .. fmt .. "_" .. fmt), "separate"
+  local layout = require("attnlab.layout").detect(q, k, v, fmt, args.inference_params, level or 1)
+  return q, k, v, layout, "separate"
 end
 
 ---------------------------------------------------------------------------------------------------

@@ -561,3 +561,15 @@ describe("al.DotProductAttention module", function()
     assert.equal(0, al.max_abs_diff(o1, o2))
   end)
 end)
+
+describe("attention.forward with a KV cache", function()
+  it("rejects packed inputs together with inference_params, as TE does", function()
+    local al = require "attnlab"
+    local qkv = al.randn({2, 8, 3, 2, 4})
+    local ok, err = pcall(al.attention.forward, {qkv_layer = qkv, qkv_format = "bshd", inference_params = {}})
+    assert.is_false(ok)
+    assert.matches("not supported with KV caching %(inference_params%)", err)
+    -- the same inputs without a cache are fine
+    assert.is_true(pcall(al.attention.forward, {qkv_layer = qkv, qkv_format = "bshd"}))
+  end)
+end)
