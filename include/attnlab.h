@@ -158,12 +158,15 @@ al_status al_tensor_fill_(al_tensor *t, double v);
 al_status al_tensor_arange_(al_tensor *t, double start, double step);
 
 /* Read / write elements through f64 (host side; a cuda tensor is staged through the host).
- * buf holds numel values in row-major order of t's shape. */
+ * buf holds numel values in row-major order of t's shape. read_f64 returns NaNs without payload
+ * (the default quiet NaN, sign kept), so the values are safe to hand to LuaJIT. */
 al_status al_tensor_read_f64(const al_tensor *t, double *buf, int64_t n);
 al_status al_tensor_write_f64(al_tensor *t, const double *buf, int64_t n);
 
 /* ---------------------------------------------------------------------------------------------
- * Conversions (scalar; bit-exact, shared with the CUDA kernels through src/numeric/)
+ * Conversions (scalar; bit-exact, shared with the CUDA kernels through src/numeric/). The decoders
+ * return NaN codes as the default quiet NaN with the code's sign (LuaJIT cannot hold NaN payloads);
+ * tensor conversions keep every bit.
  * ------------------------------------------------------------------------------------------- */
 uint16_t al_f32_to_f16_bits(float x);     /* round to nearest even; overflow -> inf */
 float    al_f16_bits_to_f32(uint16_t h);

@@ -100,7 +100,7 @@ al_status al_max_abs_diff(const al_tensor *a, const al_tensor *b, double *result
     *result = 0.0;
     diff_stats s;
     AL_TRY(compare("max_abs_diff", a, b, 0.0, 0.0, &s));
-    *result = s.max_abs;
+    *result = al_canonical_nan(s.max_abs);
     return AL_OK;
 }
 
@@ -109,7 +109,7 @@ al_status al_rmse(const al_tensor *a, const al_tensor *b, double *result) {
     *result = 0.0;
     diff_stats s;
     AL_TRY(compare("rmse", a, b, 0.0, 0.0, &s));
-    *result = s.count ? sqrt(s.sum_sq / (double)s.count) : 0.0;
+    *result = al_canonical_nan(s.count ? sqrt(s.sum_sq / (double)s.count) : 0.0);
     return AL_OK;
 }
 

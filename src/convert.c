@@ -10,16 +10,25 @@
  *   bool                v != 0 (so NaN -> 1), stored as the byte 0 or 1
  */
 #include "internal.h"
+#include <math.h>
 #include "numeric/convert.h"
 
+/* Values handed to Lua must not be NaNs with payloads: LuaJIT NaN-tags its values, and a NaN whose
+ * upper bits are all ones reads back as a garbage object (a crash in the REPL). So every float or
+ * double that the exported API returns to a caller passes through al_canonical_nan: any NaN becomes
+ * the default quiet NaN with the same sign. Tensor storage itself keeps every bit. */
+static float canonical_nan_f(float x) { return x != x ? copysignf(__builtin_nanf(""), x) : x; }
+
 AL_EXPORT uint16_t al_f32_to_f16_bits(float x) { return al_f32_to_f16(x); }
-AL_EXPORT float al_f16_bits_to_f32(uint16_t h) { return al_f16_to_f32(h); }
+AL_EXPORT float al_f16_bits_to_f32(uint16_t h) { return canonical_nan_f(al_f16_to_f32(h)); }
 AL_EXPORT uint16_t al_f32_to_bf16_bits(float x) { return al_f32_to_bf16(x); }
-AL_EXPORT float al_bf16_bits_to_f32(uint16_t h) { return al_bf16_to_f32(h); }
+AL_EXPORT float al_bf16_bits_to_f32(uint16_t h) { return canonical_nan_f(al_bf16_to_f32(h)); }
 AL_EXPORT uint8_t al_f32_to_e4m3_bits(float x) { return al_f32_to_e4m3(x); }
-AL_EXPORT float al_e4m3_bits_to_f32(uint8_t v) { return al_e4m3_to_f32(v); }
+AL_EXPORT float al_e4m3_bits_to_f32(uint8_t v) { return canonical_nan_f(al_e4m3_to_f32(v)); }
 AL_EXPORT uint8_t al_f32_to_e5m2_bits(float x) { return al_f32_to_e5m2(x); }
-AL_EXPORT float al_e5m2_bits_to_f32(uint8_t v) { return al_e5m2_to_f32(v); }
+AL_EXPORT float al_e5m2_bits_to_f32(uint8_t v) { return canonical_nan_f(al_e5m2_to_f32(v)); }
+
+AL_EXPORT double al_canonical_nan(double x) { return x != x ? copysign(__builtin_nan(""), x) : x; }
 
 AL_EXPORT double al_load_f64(const void *base, int32_t dtype, int64_t index) {
     switch (dtype) {

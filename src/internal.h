@@ -74,6 +74,9 @@ AL_EXPORT int32_t al_promote_dtypes(int32_t a, int32_t b);
 
 /* ---- element access on the host (all dtypes through double) ----------------------------------- */
 AL_EXPORT double al_load_f64(const void *base, int32_t dtype, int64_t index);
+/* x, or the default quiet NaN with x's sign when x is a NaN: for every double handed to Lua (LuaJIT
+ * cannot hold NaNs with arbitrary payloads; see convert.c). */
+AL_EXPORT double al_canonical_nan(double x);
 AL_EXPORT void al_store_f64(void *base, int32_t dtype, int64_t index, double v);
 
 /* ---- strided iteration ------------------------------------------------------------------------ */

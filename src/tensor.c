@@ -13,7 +13,9 @@ void al_contiguous_strides(int32_t ndim, const int64_t *size, int64_t *stride) {
     int64_t s = 1;
     for (int32_t d = ndim - 1; d >= 0; d--) {
         stride[d] = s;
-        s *= size[d] > 0 ? size[d] : 1;
+        /* saturate: an empty shape may have huge extents whose product overflows (found by fuzz_views);
+         * the strides of an empty tensor address nothing */
+        if (__builtin_mul_overflow(s, size[d] > 0 ? size[d] : 1, &s)) s = INT64_MAX;
     }
 }
 
@@ -192,7 +194,7 @@ al_status al_tensor_read_f64(const al_tensor *t, double *buf, int64_t n) {
         return al_error(AL_ERR_ARG, "read_f64: buffer holds %lld values, tensor has %lld", (long long)n, (long long)numel);
     al_tensor h;
     AL_TRY(host_contiguous(&h, t));
-    for (int64_t i = 0; i < numel; i++) buf[i] = al_load_f64(h.data, h.dtype, h.offset + i);
+    for (int64_t i = 0; i < numel; i++) buf[i] = al_canonical_nan(al_load_f64(h.data, h.dtype, h.offset + i));
     al_tensor_release(&h);
     return AL_OK;
 }

@@ -59,7 +59,15 @@ static uint32_t enc64(const fmt *f, double x) {
     if (f == &E4M3) return al_f64_to_e4m3(x);
     return al_f64_to_e5m2(x);
 }
+/* The bit-exact decoders (numeric/convert.h): NaN payloads survive. The exported al_*_bits_to_f32
+ * wrappers return payload-free NaNs instead (LuaJIT safety), checked in test_exported_nans. */
 static float dec32(const fmt *f, uint32_t c) {
+    if (f == &F16) return al_f16_to_f32((uint16_t)c);
+    if (f == &BF16) return al_bf16_to_f32((uint16_t)c);
+    if (f == &E4M3) return al_e4m3_to_f32((uint8_t)c);
+    return al_e5m2_to_f32((uint8_t)c);
+}
+static float dec32_exported(const fmt *f, uint32_t c) {
     if (f == &F16) return al_f16_bits_to_f32((uint16_t)c);
     if (f == &BF16) return al_bf16_bits_to_f32((uint16_t)c);
     if (f == &E4M3) return al_e4m3_bits_to_f32((uint8_t)c);
@@ -427,8 +435,31 @@ static void test_exhaustive(void) {
     }
 }
 
+/* The exported decoders give every code's value bit-exactly, except NaNs: those come back as the
+ * default quiet NaN with the code's sign (no payload), which LuaJIT can hold. */
+static void test_exported_nans(void) {
+    for (int k = 0; k < 4; k++) {
+        const fmt *f = g_fmts[k];
+        uint32_t ncodes = 1u << f->bits;
+        for (uint32_t c = 0; c < ncodes; c++) {
+            float full = dec32(f, c), pub = dec32_exported(f, c);
+            uint32_t fb, pb;
+            memcpy(&fb, &full, 4);
+            memcpy(&pb, &pub, 4);
+            if (full == full) {
+                CHECK(fb == pb, "%s code 0x%x: exported 0x%08x, exact 0x%08x", f->name, c, pb, fb);
+            } else {
+                CHECK((pb & 0x7fffffffu) == 0x7fc00000u && (pb >> 31) == (fb >> 31),
+                      "%s NaN code 0x%x decodes to 0x%08x, want a payload-free NaN of sign %u", f->name, c, pb, fb >> 31);
+            }
+            if (t_current_failed) return;
+        }
+    }
+}
+
 int main(void) {
     build_tables();
+    RUN(test_exported_nans);
     RUN(test_decode_fp8);
     RUN(test_decode_f16_bf16);
     RUN(test_roundtrip_all_codes);

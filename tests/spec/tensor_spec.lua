@@ -226,6 +226,28 @@ describe("ownership and memory", function()
 end)
 
 describe("the FFI boundary", function()
+  it("hands NaNs with payloads to Lua as plain NaNs (LuaJIT cannot hold payloads)", function()
+    local ffi = require "ffi"
+    local bits = al.empty({4}, {dtype = "i32"})
+    local p = ffi.cast("uint32_t *", bits:data_ptr())
+    p[0], p[1], p[2], p[3] = 0xFFFFFFFF, 0xFFC00001, 0x7FFFFFFF, 0x3F800000
+    local f = al.empty({4}, {dtype = "f32"})
+    ffi.copy(f:data_ptr(), bits:data_ptr(), 16)
+    local v = f:totable()
+    for i = 1, 3 do assert.is_true(v[i] ~= v[i], "element " .. i .. " is a NaN number") end
+    assert.equal("number", type(v[1]))
+    assert.equal(1, v[4])
+    -- the decoders of every 16-bit pattern, negative NaNs included
+    local n = 0
+    for code = 0xFC01, 0xFFFF do
+      local x = al.C.al_f16_bits_to_f32(code)
+      if x ~= x then n = n + 1 end
+    end
+    assert.equal(0xFFFF - 0xFC01 + 1, n)
+    -- the storage itself keeps every bit
+    assert.equal(0xFFFFFFFF, ffi.cast("uint32_t *", f:data_ptr())[0])
+  end)
+
   it("struct sizes seen by LuaJIT match C's", function()
     local names = {"al_tensor", "al_qkv_unpack_args", "al_attn_params"}
     local checked = 0
