@@ -82,20 +82,22 @@ $(BUILD)/%.o: %.cu $(wildcard include/*.h src/*.h src/numeric/*.h src/cuda/*.h)
 
 $(CUDA_LIB): $(CUDA_OBJ) $(CORE_LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) -shared -o $@.tmp $(CUDA_OBJ) -L$(LIBDIR) -lattnlab $(CUDA_LDLIBS) -Xlinker -rpath='$$ORIGIN' \
+	$(NVCC) -shared -o $@.tmp $(CUDA_OBJ) -L$(LIBDIR) -lattnlab $(CUDA_LDLIBS) -Xlinker --no-undefined -Xlinker -rpath='$$ORIGIN' \
 		&& mv -f $@.tmp $@
 
 $(BUILD)/tests/%: tests/c/%.c tests/c/test_main.h $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(AL_CFLAGS) $< -o $@ -L$(LIBDIR) -lattnlab $(AL_LDLIBS) -Wl,-rpath,$(abspath $(LIBDIR))
 
+# Each spec file runs in its own busted process, so a crash loses one file's results, not all.
 # Each suite prints its own "N passed, N failed" line into the log; scripts/tally.sh adds them up and
 # prints the grand total as the last line (non-zero exit if anything failed).
 test: all $(C_TESTS)
 	@mkdir -p $(BUILD)
 	@rm -f $(BUILD)/test.log
 	@for t in $(C_TESTS); do sh scripts/tally.sh run $(BUILD)/test.log $$t; done; true
-	@sh scripts/tally.sh run $(BUILD)/test.log env $(LUA_ENV) $(BUSTED) -o tests/spec/summary.lua tests/spec; true
+	@for f in tests/spec/*_spec.lua; do echo "== $$f"; \
+		sh scripts/tally.sh run $(BUILD)/test.log env $(LUA_ENV) $(BUSTED) -o tests/spec/summary.lua $$f; done; true
 	@sh scripts/tally.sh $(BUILD)/test.log
 
 bench: all
@@ -115,6 +117,88 @@ deps:
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	else echo "attnlab: dependencies present ($(DEB_PKGS))"; fi
+
+# ---- reliability: sanitizers and fuzzing (tests/asan/, tests/fuzz/, docs/RELIABILITY.md) -----------
+#   make test-asan   the core library and C tests rebuilt with AddressSanitizer + UndefinedBehavior-
+#                    Sanitizer (+ LeakSanitizer) in $(BUILD)/asan, then the C tests and the busted specs
+#                    (LuaJIT with the ASan runtime preloaded); ends with the same tally line as `make test`.
+#                    ASAN_SPECS= picks the specs (default: all of tests/spec).
+#   make fuzz        builds tests/fuzz/fuzz_*.c with clang's libFuzzer (+ ASan/UBSan) in $(BUILD)/fuzz and
+#                    runs each for FUZZ_SECONDS (default 60) from tests/fuzz/corpus/<target>/; a crash
+#                    leaves crash-* in $(BUILD)/fuzz and fails.
+#   make deps-fuzz   apt-get installs clang, libclang-rt-14-dev (libFuzzer) and libomp-14-dev if missing.
+ASAN_O       := $(BUILD)/asan
+ASAN_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+ASAN_RT      := $(shell $(CC) -print-file-name=libasan.so 2>/dev/null)
+ASAN_SPECS   ?= tests/spec
+# allocator_may_return_null: a huge allocation is an OOM status to test, not a sanitizer abort.
+# detect_odr_violation=0: LuaJIT's FFI and the preloaded runtime trip false ODR reports.
+ASAN_ENV     := ASAN_OPTIONS=detect_leaks=1:detect_odr_violation=0:allocator_may_return_null=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=0 \
+                LSAN_OPTIONS=suppressions=$(CURDIR)/tests/asan/lsan.supp:print_suppressions=0 \
+                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ASAN_C_TESTS := $(patsubst $(BUILD)/%,$(ASAN_O)/build/%,$(C_TESTS))
+
+.PHONY: test-asan asan-build fuzz fuzz-build deps-fuzz
+# (internal) what the sanitizer build of `make test-asan` makes, in its own O= folder.
+asan-build: all $(C_TESTS)
+
+test-asan:
+	@mkdir -p $(BUILD)
+	@$(MAKE) --no-print-directory O=$(ASAN_O) NVCC= CFLAGS="-O1 -g $(ASAN_FLAGS)" \
+		AL_LDLIBS="$(AL_LDLIBS) $(ASAN_FLAGS)" asan-build >$(BUILD)/asan-build.log 2>&1 \
+		|| { cat $(BUILD)/asan-build.log; echo "test-asan: 0 passed, 1 failed (sanitizer build failed)"; exit 1; }
+	@rm -f $(ASAN_O)/test.log
+	@for t in $(ASAN_C_TESTS); do env $(ASAN_ENV) sh scripts/tally.sh run $(ASAN_O)/test.log $$t; done; true
+	@sh scripts/tally.sh run $(ASAN_O)/test.log env LD_PRELOAD=$(ASAN_RT) $(ASAN_ENV) \
+		ATTNLAB_LIBDIR=$(abspath $(ASAN_O)/lib) LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$${LUA_PATH:-;}" \
+		$(BUSTED) -o tests/spec/summary.lua $(ASAN_SPECS); true
+	@sh scripts/tally.sh $(ASAN_O)/test.log
+
+comma        := ,
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_DIR     := $(BUILD)/fuzz
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_FLAGS   := -g -O1 -std=gnu11 -fopenmp -ffp-contract=off -fsanitize=fuzzer,address,undefined \
+                -fno-sanitize-recover=undefined -fno-omit-frame-pointer -Iinclude -Isrc -Itests/fuzz
+FUZZ_OBJ     := $(patsubst %.c,$(FUZZ_DIR)/%.o,$(CORE_SRC))
+
+$(FUZZ_DIR)/%.o: %.c $(wildcard include/*.h src/*.h src/numeric/*.h src/cpu/*.h)
+	@mkdir -p $(dir $@)
+	@$(FUZZ_CC) $(subst fuzzer$(comma),fuzzer-no-link$(comma),$(FUZZ_FLAGS)) -w -c $< -o $@
+
+$(FUZZ_DIR)/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJ)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_OBJ) -o $@ -lopenblas -lm -lpthread -ldl
+
+.SECONDARY: $(FUZZ_OBJ)
+fuzz-build: $(addprefix $(FUZZ_DIR)/,$(FUZZ_TARGETS))
+
+# Each target runs FUZZ_SECONDS over a scratch copy of its seed corpus (new inputs stay in
+# $(FUZZ_DIR)/corpus-<target>); the stats line (#execs) goes to $(FUZZ_DIR)/<target>.log.
+fuzz: fuzz-build
+	@rm -f $(FUZZ_DIR)/fuzz.log; fail=0; \
+	for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_DIR)/corpus-$$t; cp -f tests/fuzz/corpus/$$t/* $(FUZZ_DIR)/corpus-$$t/ 2>/dev/null; \
+		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+		if ( cd $(FUZZ_DIR) && env $(ASAN_ENV) ./$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+				-print_final_stats=1 corpus-$$t >$$t.log 2>&1 ); then \
+			echo "fuzz $$t: 1 passed, 0 failed ($$(grep -o 'stat::number_of_executed_units: *[0-9]*' $(FUZZ_DIR)/$$t.log | grep -o '[0-9]*$$') executions)" \
+				| tee -a $(FUZZ_DIR)/fuzz.log; \
+		else tail -40 $(FUZZ_DIR)/$$t.log; echo "fuzz $$t: 0 passed, 1 failed (see $(FUZZ_DIR)/$$t.log)" | tee -a $(FUZZ_DIR)/fuzz.log; fail=1; fi; \
+	done; sh scripts/tally.sh $(FUZZ_DIR)/fuzz.log
+
+FUZZ_DEB_PKGS := clang libclang-rt-14-dev libomp-14-dev
+deps-fuzz:
+	@missing=""; for p in $(FUZZ_DEB_PKGS); do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "attnlab: installing$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	else echo "attnlab: fuzzing dependencies present ($(FUZZ_DEB_PKGS))"; fi
+# ---- end of the reliability block ---------------------------------------------------------------
 
 LUADIR := $(PREFIX)/share/lua/5.1
 install: all

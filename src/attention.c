@@ -269,9 +269,11 @@ static al_status plan_build_inner(al_attn_plan *pl) {
                 CU_TRY(read_cu(nmp, cp, b, t, side ? "the key tensor's token count" : "the query tensor's token count", cup));
                 for (int64_t i = 0; i < b; i++)
                     if (cu[i + 1] - cu[i] > cup[i + 1] - cup[i]) {
+                        /* read the lengths before free(cu): cup points into the same block (ASan: use after free) */
+                        long long tokens = (long long)(cu[i + 1] - cu[i]), slots = (long long)(cup[i + 1] - cup[i]);
                         free(cu);
                         return al_error(AL_ERR_ARG, "attention: sequence %lld has %lld tokens in %s but only %lld slots in %s",
-                                        (long long)i, (long long)(cu[i + 1] - cu[i]), nm, (long long)(cup[i + 1] - cup[i]), nmp);
+                                        (long long)i, tokens, nm, slots, nmp);
                     }
             }
             int64_t mx = 0;
@@ -511,8 +513,9 @@ static al_status choose(const al_attn_plan *pl, const al_attn_backend **out, cha
     if (pl->in.q->device_type == AL_DEVICE_CUDA && !al_cuda_api_get()) al_clear_error();
 #define EMIT(...) do { if (buf && used < n) { int w_ = snprintf(buf + used, n - used, __VA_ARGS__); if (w_ > 0) used += (size_t)w_; } } while (0)
     char pname[17];
-    memcpy(pname, forced_name(&pl->p), 16);
-    pname[16] = 0;
+    /* at most 16 bytes of params.backend (it need not be NUL-terminated), but never past the end of a
+     * shorter string: "" and getenv() strings are shorter than 16 bytes (ASan: global-buffer-overflow) */
+    snprintf(pname, sizeof pname, "%.16s", forced_name(&pl->p));
     int forced = -1;
     if (pname[0]) {
         for (int i = 0; i < NSLOTS; i++) if (strcmp(slot_names[i], pname) == 0) forced = i;

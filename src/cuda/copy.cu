@@ -1,0 +1,244 @@
+/*
+ * cuda/copy.cu — copy (any dtype pair, any strides; src already broadcast to dst's shape with
+ * stride 0), fill and arange on one device.
+ *
+ * copy picks the cheapest correct path:
+ *   1. same dtype, both dense              cudaMemcpyAsync device-to-device
+ *   2. float dtypes, both dense            a vectorised convert kernel templated on the dtype pair:
+ *                                          one 16-byte load of src per thread and iteration, the
+ *                                          converted elements stored with the widest aligned vector
+ *                                          (falls back to a scalar dense loop when the start
+ *                                          addresses are not vector-aligned)
+ *   3. same dtype, strided                 a raw element copy (1, 2, 4 or 8 bytes) over coalesced dims
+ *   4. anything else                       a strided convert through double (exactly the CPU's
+ *                                          al_load_f64 -> al_store_f64 rule), over coalesced dims
+ * Conversions are bit-identical to the CPU's: the float path is used only where float holds the
+ * source exactly, and tensor_desc.h's stores match src/convert.c rule for rule.
+ *
+ * fill computes the element's bit pattern once on the host with the core's al_store_f64 (so it is the
+ * CPU's bits by construction) and replicates it; arange computes start + i*step with explicitly
+ * rounded double ops (no fma contraction, as on the CPU built with -ffp-contract=off).
+ */
+#include "cuda/cuda_internal.h"
+
+unsigned al_cu_grid(int32_t dev, int64_t n) {
+    int64_t blocks = (n + AL_CU_THREADS - 1) / AL_CU_THREADS;
+    int64_t cap = (int64_t)al_cu_sm_count[dev] * 32;   /* grid-stride beyond this */
+    if (blocks > cap) blocks = cap;
+    if (blocks < 1) blocks = 1;
+    return (unsigned)blocks;
+}
+
+/* ---- dense vectorised convert ------------------------------------------------------------------ */
+template <int D> struct al_dt;
+template <> struct al_dt<AL_DTYPE_F32> { typedef float T; };
+template <> struct al_dt<AL_DTYPE_F64> { typedef double T; };
+template <> struct al_dt<AL_DTYPE_F16> { typedef uint16_t T; };
+template <> struct al_dt<AL_DTYPE_BF16> { typedef uint16_t T; };
+template <> struct al_dt<AL_DTYPE_FP8_E4M3> { typedef uint8_t T; };
+template <> struct al_dt<AL_DTYPE_FP8_E5M2> { typedef uint8_t T; };
+
+template <typename T, int N, int A> struct alignas(A) al_vec { T v[N]; };
+
+template <int SD, int DD> struct al_conv_shape {
+    typedef typename al_dt<SD>::T S;
+    typedef typename al_dt<DD>::T D;
+    enum { VEC = 16 / (int)sizeof(S) };
+    enum { DBYTES = VEC * (int)sizeof(D), DALIGN = DBYTES < 16 ? DBYTES : 16 };
+};
+
+template <int SD, int DD>
+static __device__ __forceinline__ void al_conv_one(const char *s, int64_t si, char *d, int64_t di) {
+    if (al_td_wide(SD)) al_st_f64(d, DD, di, al_ld_f64(s, SD, si));
+    else al_st_f32(d, DD, di, al_ld_f32(s, SD, si));
+}
+
+template <int SD, int DD>
+__global__ void __launch_bounds__(AL_CU_THREADS) al_convert_vec_kernel(const char *src, char *dst, int64_t nvec) {
+    typedef al_conv_shape<SD, DD> SH;
+    typedef al_vec<typename SH::S, SH::VEC, 16> SV;
+    typedef al_vec<typename SH::D, SH::VEC, SH::DALIGN> DV;
+    const SV *sp = (const SV *)src;
+    DV *dp = (DV *)dst;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+        SV x = sp[v];
+        DV y;
+#pragma unroll
+        for (int j = 0; j < SH::VEC; j++) al_conv_one<SD, DD>((const char *)x.v, j, (char *)y.v, j);
+        dp[v] = y;
+    }
+}
+
+/* Dense scalar convert for [lo, n) (the tail after the vectors, or everything when misaligned). */
+template <int SD, int DD>
+__global__ void __launch_bounds__(AL_CU_THREADS) al_convert_dense_kernel(const char *src, char *dst, int64_t lo,
+                                                                        int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = lo + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        al_conv_one<SD, DD>(src, i, dst, i);
+}
+
+template <int SD, int DD>
+static al_status launch_convert(int32_t dev, cudaStream_t s, const char *src, char *dst, int64_t n) {
+    typedef al_conv_shape<SD, DD> SH;
+    int64_t nvec = 0;
+    if ((uintptr_t)src % 16 == 0 && (uintptr_t)dst % SH::DALIGN == 0) nvec = n / SH::VEC;
+    if (nvec > 0) {
+        int64_t blocks = (nvec + AL_CU_THREADS - 1) / AL_CU_THREADS;
+        if (blocks > (1 << 20)) blocks = 1 << 20;
+        al_convert_vec_kernel<SD, DD><<<(unsigned)blocks, AL_CU_THREADS, 0, s>>>(src, dst, nvec);
+        AL_CUDA_LAUNCHED();
+    }
+    int64_t lo = nvec * SH::VEC;
+    if (lo < n) {
+        al_convert_dense_kernel<SD, DD><<<al_cu_grid(dev, n - lo), AL_CU_THREADS, 0, s>>>(src, dst, lo, n);
+        AL_CUDA_LAUNCHED();
+    }
+    return AL_OK;
+}
+
+template <int SD>
+static int dispatch_convert_dst(int32_t dd, int32_t dev, cudaStream_t s, const char *src, char *dst, int64_t n,
+                                al_status *st) {
+    switch (dd) {
+    case AL_DTYPE_F32: *st = launch_convert<SD, AL_DTYPE_F32>(dev, s, src, dst, n); return 1;
+    case AL_DTYPE_F64: *st = launch_convert<SD, AL_DTYPE_F64>(dev, s, src, dst, n); return 1;
+    case AL_DTYPE_F16: *st = launch_convert<SD, AL_DTYPE_F16>(dev, s, src, dst, n); return 1;
+    case AL_DTYPE_BF16: *st = launch_convert<SD, AL_DTYPE_BF16>(dev, s, src, dst, n); return 1;
+    case AL_DTYPE_FP8_E4M3: *st = launch_convert<SD, AL_DTYPE_FP8_E4M3>(dev, s, src, dst, n); return 1;
+    case AL_DTYPE_FP8_E5M2: *st = launch_convert<SD, AL_DTYPE_FP8_E5M2>(dev, s, src, dst, n); return 1;
+    default: return 0;
+    }
+}
+
+/* Returns 1 (with *st set) when the dtype pair has a dense kernel, else 0. */
+static int dispatch_convert(int32_t sd, int32_t dd, int32_t dev, cudaStream_t s, const char *src, char *dst,
+                            int64_t n, al_status *st) {
+    switch (sd) {
+    case AL_DTYPE_F32: return dispatch_convert_dst<AL_DTYPE_F32>(dd, dev, s, src, dst, n, st);
+    case AL_DTYPE_F64: return dispatch_convert_dst<AL_DTYPE_F64>(dd, dev, s, src, dst, n, st);
+    case AL_DTYPE_F16: return dispatch_convert_dst<AL_DTYPE_F16>(dd, dev, s, src, dst, n, st);
+    case AL_DTYPE_BF16: return dispatch_convert_dst<AL_DTYPE_BF16>(dd, dev, s, src, dst, n, st);
+    case AL_DTYPE_FP8_E4M3: return dispatch_convert_dst<AL_DTYPE_FP8_E4M3>(dd, dev, s, src, dst, n, st);
+    case AL_DTYPE_FP8_E5M2: return dispatch_convert_dst<AL_DTYPE_FP8_E5M2>(dd, dev, s, src, dst, n, st);
+    default: return 0;
+    }
+}
+
+/* ---- strided paths ----------------------------------------------------------------------------- */
+template <typename T>
+__global__ void __launch_bounds__(AL_CU_THREADS) al_copy_raw_kernel(al_td d, al_td s, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        int64_t od, os;
+        al_td_off2(i, d, s, &od, &os);
+        ((T *)d.data)[od] = ((const T *)s.data)[os];
+    }
+}
+
+__global__ void __launch_bounds__(AL_CU_THREADS) al_convert_strided_kernel(al_td d, al_td s, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        int64_t od, os;
+        al_td_off2(i, d, s, &od, &os);
+        al_st_f64(d.data, d.dtype, od, al_ld_f64(s.data, s.dtype, os));
+    }
+}
+
+al_status al_cu_copy(al_tensor *dst, const al_tensor *src) {
+    cudaStream_t s;
+    AL_TRY(al_cu_begin("copy", dst->device_index, &s));
+    if (src->device_type != AL_DEVICE_CUDA || src->device_index != dst->device_index)
+        return al_error(AL_ERR_INTERNAL, "copy (cuda): src is not on cuda:%d", dst->device_index);
+    if (src->ndim != dst->ndim)
+        return al_error(AL_ERR_INTERNAL, "copy (cuda): src has %d dims, dst %d", src->ndim, dst->ndim);
+    for (int32_t d = 0; d < dst->ndim; d++)
+        if (src->size[d] != dst->size[d])
+            return al_error(AL_ERR_INTERNAL, "copy (cuda): src extent %lld != dst extent %lld at dim %d",
+                            (long long)src->size[d], (long long)dst->size[d], d);
+    al_td d = al_td_from(dst), sd = al_td_from(src);
+    int64_t n = al_td_numel(&d);
+    if (n == 0) return AL_OK;
+    int64_t des = al_dtype_size(dst->dtype), ses = al_dtype_size(src->dtype);
+    if (des == 0 || ses == 0) return al_error(AL_ERR_ARG, "copy (cuda): unknown dtype code %d or %d", dst->dtype, src->dtype);
+    int dense = al_td_dense(dst) && al_td_dense(src);
+    char *dp = d.data + d.offset * des;
+    const char *sp = sd.data + sd.offset * ses;
+    if (dense && dst->dtype == src->dtype) {
+        if (dp != sp) AL_CUDA_TRY(cudaMemcpyAsync(dp, sp, (size_t)(n * des), cudaMemcpyDeviceToDevice, s));
+        return AL_OK;
+    }
+    if (dense) {
+        al_status st = AL_OK;
+        if (dispatch_convert(src->dtype, dst->dtype, dst->device_index, s, sp, dp, n, &st)) return st;
+    }
+    al_td ops[2] = {d, sd};
+    al_td_coalesce(2, ops);
+    unsigned grid = al_cu_grid(dst->device_index, n);
+    if (dst->dtype == src->dtype) {
+        switch (des) {
+        case 1: al_copy_raw_kernel<uint8_t><<<grid, AL_CU_THREADS, 0, s>>>(ops[0], ops[1], n); break;
+        case 2: al_copy_raw_kernel<uint16_t><<<grid, AL_CU_THREADS, 0, s>>>(ops[0], ops[1], n); break;
+        case 4: al_copy_raw_kernel<uint32_t><<<grid, AL_CU_THREADS, 0, s>>>(ops[0], ops[1], n); break;
+        default: al_copy_raw_kernel<uint64_t><<<grid, AL_CU_THREADS, 0, s>>>(ops[0], ops[1], n); break;
+        }
+    } else {
+        al_convert_strided_kernel<<<grid, AL_CU_THREADS, 0, s>>>(ops[0], ops[1], n);
+    }
+    AL_CUDA_LAUNCHED();
+    return AL_OK;
+}
+
+/* ---- fill -------------------------------------------------------------------------------------- */
+template <typename T>
+__global__ void __launch_bounds__(AL_CU_THREADS) al_fill_kernel(al_td d, T v, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        ((T *)d.data)[al_td_off1(i, d)] = v;
+}
+
+al_status al_cu_fill(al_tensor *dst, double v) {
+    cudaStream_t s;
+    AL_TRY(al_cu_begin("fill_", dst->device_index, &s));
+    al_td d = al_td_from(dst);
+    int64_t n = al_td_numel(&d), es = al_dtype_size(dst->dtype);
+    if (n == 0) return AL_OK;
+    if (es == 0) return al_error(AL_ERR_ARG, "fill_ (cuda): unknown dtype code %d", dst->dtype);
+    /* the element's bits, by the CPU's own rule */
+    uint64_t bits = 0;
+    al_store_f64(&bits, dst->dtype, 0, v);
+    if (es == 1 && al_td_dense(dst)) {
+        AL_CUDA_TRY(cudaMemsetAsync(d.data + d.offset, (int)(bits & 0xFF), (size_t)n, s));
+        return AL_OK;
+    }
+    al_td_coalesce(1, &d);
+    unsigned grid = al_cu_grid(dst->device_index, n);
+    switch (es) {
+    case 1: al_fill_kernel<uint8_t><<<grid, AL_CU_THREADS, 0, s>>>(d, (uint8_t)bits, n); break;
+    case 2: al_fill_kernel<uint16_t><<<grid, AL_CU_THREADS, 0, s>>>(d, (uint16_t)bits, n); break;
+    case 4: al_fill_kernel<uint32_t><<<grid, AL_CU_THREADS, 0, s>>>(d, (uint32_t)bits, n); break;
+    default: al_fill_kernel<uint64_t><<<grid, AL_CU_THREADS, 0, s>>>(d, bits, n); break;
+    }
+    AL_CUDA_LAUNCHED();
+    return AL_OK;
+}
+
+/* ---- arange ------------------------------------------------------------------------------------ */
+__global__ void __launch_bounds__(AL_CU_THREADS) al_arange_kernel(al_td d, double start, double step, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        al_st_f64(d.data, d.dtype, al_td_off1(i, d), __dadd_rn(start, __dmul_rn((double)i, step)));
+}
+
+al_status al_cu_arange(al_tensor *dst, double start, double step) {
+    cudaStream_t s;
+    AL_TRY(al_cu_begin("arange_", dst->device_index, &s));
+    al_td d = al_td_from(dst);
+    int64_t n = al_td_numel(&d);
+    if (n == 0) return AL_OK;
+    al_td_coalesce(1, &d);
+    al_arange_kernel<<<al_cu_grid(dst->device_index, n), AL_CU_THREADS, 0, s>>>(d, start, step, n);
+    AL_CUDA_LAUNCHED();
+    return AL_OK;
+}

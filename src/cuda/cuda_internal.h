@@ -1,0 +1,86 @@
+/*
+ * cuda/cuda_internal.h — declarations shared by the CUDA plugin's files (never exported: every
+ * function here has hidden visibility; the plugin's one exported symbol is al_cuda_plugin_init).
+ *
+ *   plugin.cu      device table, device_info, the api table
+ *   allocator.cu   caching allocator and the per-device stream (al_cu_begin sets the device and
+ *                  returns its stream: call it first in every entry point)
+ *   copy.cu        copy / fill / arange (al_cu_copy is also used for matmul's temporaries)
+ *   random.cu elementwise.cu reduce.cu matmul.cu events.cu   the rest of the api table
+ */
+#ifndef ATTNLAB_CUDA_INTERNAL_H
+#define ATTNLAB_CUDA_INTERNAL_H
+
+/* src/internal.h has no extern "C" guard of its own: include it with C linkage so that al_error,
+ * al_store_f64, ... resolve to the core library's unmangled symbols. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "internal.h"
+#ifdef __cplusplus
+}
+#endif
+#include "cuda_plugin.h"
+#include "cuda/check.h"
+#include "cuda/tensor_desc.h"
+
+#define AL_CU_HIDDEN __attribute__((visibility("hidden")))
+#define AL_CU_MAX_DEVICES 16
+#define AL_CU_THREADS 256
+
+/* plugin.cu: devices found at init (at most AL_CU_MAX_DEVICES) and their SM counts */
+extern AL_CU_HIDDEN int32_t al_cu_ndev;
+extern AL_CU_HIDDEN int32_t al_cu_sm_count[AL_CU_MAX_DEVICES];
+AL_CU_HIDDEN al_status al_cu_check_dev(const char *op, int32_t dev);
+
+/* allocator.cu */
+AL_CU_HIDDEN al_status al_cu_begin(const char *op, int32_t dev, cudaStream_t *stream);
+AL_CU_HIDDEN al_status al_cu_malloc(int32_t dev, int64_t nbytes, void **ptr);
+AL_CU_HIDDEN void al_cu_free(int32_t dev, void *ptr, int64_t nbytes);
+AL_CU_HIDDEN int64_t al_cu_memory_reserved(int32_t dev);
+AL_CU_HIDDEN al_status al_cu_empty_cache(int32_t dev);
+AL_CU_HIDDEN al_status al_cu_synchronize(int32_t dev);
+AL_CU_HIDDEN al_status al_cu_memcpy_h2d(int32_t dev, void *dst, const void *src, int64_t nbytes);
+AL_CU_HIDDEN al_status al_cu_memcpy_d2h(int32_t dev, void *dst, const void *src, int64_t nbytes);
+AL_CU_HIDDEN al_status al_cu_memcpy_d2d(int32_t dev, void *dst, const void *src, int64_t nbytes);
+
+/* copy.cu */
+AL_CU_HIDDEN al_status al_cu_copy(al_tensor *dst, const al_tensor *src);
+AL_CU_HIDDEN al_status al_cu_fill(al_tensor *dst, double v);
+AL_CU_HIDDEN al_status al_cu_arange(al_tensor *dst, double start, double step);
+/* Grid size for a grid-stride loop over n items with AL_CU_THREADS threads per block. */
+AL_CU_HIDDEN unsigned al_cu_grid(int32_t dev, int64_t n);
+
+/* random.cu */
+AL_CU_HIDDEN al_status al_cu_random(al_tensor *dst, int32_t kind, uint64_t seed, uint64_t offset);
+
+/* elementwise.cu */
+AL_CU_HIDDEN al_status al_cu_unary(int32_t op, al_tensor *out, const al_tensor *a);
+AL_CU_HIDDEN al_status al_cu_binary(int32_t op, al_tensor *out, const al_tensor *a, const al_tensor *b);
+AL_CU_HIDDEN al_status al_cu_binary_scalar(int32_t op, al_tensor *out, const al_tensor *a, double s,
+                                           int32_t scalar_first);
+AL_CU_HIDDEN al_status al_cu_where(al_tensor *out, const al_tensor *cond, const al_tensor *a, const al_tensor *b);
+
+/* reduce.cu */
+AL_CU_HIDDEN al_status al_cu_reduce(int32_t op, al_tensor *out, const al_tensor *a, uint32_t dim_mask);
+AL_CU_HIDDEN al_status al_cu_max_dim(al_tensor *values, al_tensor *indices, const al_tensor *a, int32_t dim);
+AL_CU_HIDDEN al_status al_cu_softmax(al_tensor *out, const al_tensor *a, int32_t dim, int32_t log);
+AL_CU_HIDDEN al_status al_cu_diff_stats(const al_tensor *a, const al_tensor *b, double atol, double rtol,
+                                        double *max_abs, double *sum_sq, int64_t *violations);
+
+/* matmul.cu */
+AL_CU_HIDDEN al_status al_cu_matmul(al_tensor *out, const al_tensor *a, const al_tensor *b);
+
+/* events.cu */
+AL_CU_HIDDEN al_status al_cu_event_new(void **ev, int32_t dev);
+AL_CU_HIDDEN void al_cu_event_free(void *ev);
+AL_CU_HIDDEN al_status al_cu_event_record(void *ev);
+AL_CU_HIDDEN al_status al_cu_event_synchronize(void *ev);
+AL_CU_HIDDEN al_status al_cu_event_elapsed(void *start, void *end, float *ms);
+
+/* attn_fused.cu: registers the "fused" (cuDNN SDPA) attention backend with the core */
+AL_CU_HIDDEN al_status al_cu_attn_fused_register(void);
+/* attn_unfused.cu: registers the "unfused" (cuBLASLt + kernels, the GPU reference) backend */
+AL_CU_HIDDEN al_status al_cu_attn_unfused_register(void);
+
+#endif /* ATTNLAB_CUDA_INTERNAL_H */

@@ -1,0 +1,70 @@
+/*
+ * cuda/cudnn_graph.h — thin helpers over cuDNN's plain-C backend API (cudnn_graph.h, cudnnBackend*):
+ * tensor and operation descriptors, graph -> execution plan, variant pack -> execute.
+ *
+ * A graph is built into an al_dnn_graph, which owns every descriptor it creates (destroyed by
+ * al_dnn_graph_free once the plan is finalized: a finalized plan does not need them) and records the
+ * UIDs of its non-virtual tensors, because a variant pack must list exactly those (cuDNN rejects an
+ * extra UID). Errors are sticky: the first failing call stores al_error(AL_ERR_CUDA, "cuDNN <what>:
+ * <cudnnGetErrorString>") in g->st, later calls return NULL, and the caller checks g->st once.
+ */
+#ifndef ATTNLAB_CUDA_CUDNN_GRAPH_H
+#define ATTNLAB_CUDA_CUDNN_GRAPH_H
+
+#include "cuda/cuda_internal.h"
+#include <cudnn.h>
+
+typedef cudnnBackendDescriptor_t al_dnn;
+
+#define AL_DNN_MAX_DESC 320
+#define AL_DNN_MAX_OPS 96
+#define AL_DNN_MAX_UIDS 48
+#define AL_DNN_VIRTUAL_UID0 1000
+
+typedef struct al_dnn_graph {
+    al_dnn desc[AL_DNN_MAX_DESC];   /* every descriptor created (destroyed by al_dnn_graph_free) */
+    int ndesc;
+    al_dnn ops[AL_DNN_MAX_OPS];     /* the operations, in emission order */
+    int nops;
+    int64_t uids[AL_DNN_MAX_UIDS];  /* non-virtual tensor UIDs (each once) */
+    int nuids;
+    int64_t next_vuid;
+    al_status st;                   /* first error, AL_OK while none */
+} al_dnn_graph;
+
+/* cuDNN status -> attnlab status ("cuDNN <what>: <message>"). */
+AL_CU_HIDDEN al_status al_dnn_status(cudnnStatus_t s, const char *what);
+#define AL_DNN_TRY(expr, what) AL_TRY(al_dnn_status((expr), (what)))
+
+AL_CU_HIDDEN void al_dnn_graph_init(al_dnn_graph *g);
+AL_CU_HIDDEN void al_dnn_graph_free(al_dnn_graph *g);
+
+/* A 4-d tensor. virt: intermediate (no memory); by_value: a host scalar passed in the variant pack;
+ * ragged: an int64 offsets tensor (CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC) or NULL. */
+AL_CU_HIDDEN al_dnn al_dnn_tensor(al_dnn_graph *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4],
+                                  const int64_t str[4], int virt, int by_value, al_dnn ragged);
+/* A virtual tensor with the next free virtual UID. */
+AL_CU_HIDDEN al_dnn al_dnn_virtual(al_dnn_graph *g, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4]);
+/* A by-value [1,1,1,1] scalar (float or int32). */
+AL_CU_HIDDEN al_dnn al_dnn_scalar(al_dnn_graph *g, int64_t uid, cudnnDataType_t dt);
+
+/* Operations (each appended to g->ops). Optional inputs are NULL. axis is used by GEN_INDEX only. */
+AL_CU_HIDDEN void al_dnn_pointwise(al_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec, al_dnn x,
+                                   al_dnn b, al_dnn t, al_dnn y, int64_t axis);
+AL_CU_HIDDEN void al_dnn_matmul(al_dnn_graph *g, al_dnn a, al_dnn b, al_dnn c, al_dnn m_override,
+                                al_dnn n_override, al_dnn k_override);
+AL_CU_HIDDEN void al_dnn_reduction(al_dnn_graph *g, cudnnReduceTensorOp_t op, al_dnn x, al_dnn y);
+AL_CU_HIDDEN void al_dnn_reshape(al_dnn_graph *g, al_dnn x, al_dnn y);
+/* Bernoulli(prob) RNG into y, seeded by the int64 [1,1,1,1] tensors seed and offset. */
+AL_CU_HIDDEN void al_dnn_rng(al_dnn_graph *g, al_dnn seed, al_dnn offset, al_dnn y, double prob);
+
+/* Operation graph -> heuristics (mode A, then fallback) -> the first engine config whose plan
+ * finalizes. On success *plan is a finalized plan the caller owns (cudnnBackendDestroyDescriptor)
+ * and *ws its workspace bytes. On failure the status says which step and why. */
+AL_CU_HIDDEN al_status al_dnn_build_plan(al_dnn_graph *g, cudnnHandle_t handle, al_dnn *plan, int64_t *ws);
+
+/* Run a plan: a variant pack of n (uid, pointer) pairs plus the workspace, then execute. */
+AL_CU_HIDDEN al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, const int64_t *uids,
+                                      void *const *ptrs, void *workspace);
+
+#endif /* ATTNLAB_CUDA_CUDNN_GRAPH_H */
