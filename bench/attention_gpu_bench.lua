@@ -1,0 +1,162 @@
+-- bench/attention_gpu_bench.lua — GPU attention TFLOP/s, forward and backward, per backend and input
+-- layout, plus the host overhead of one cached fused call.
+--
+-- Shapes (b,h,s,d): (16,16,1024,128) (4,16,4096,128) (2,16,8192,128) (1,16,16384,128) (4,32,4096,64)
+-- (4,16,4096,256), causal and not, bf16, for separate bshd tensors ("separate") and for one packed
+-- [b,s,3,h,d] buffer declared as qkv_layer ("bs3hd"). Backends: fused everywhere, unfused on the
+-- small shape only. FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x forward.
+-- Timing: al.cuda.Event around N calls after warm-up. Host overhead: 1,000 forward calls of a tiny
+-- cached fused attention from Lua, wall clock per call after a synchronize.
+--
+-- Results print as a table; with ATTNLAB_BENCH_OUT=/path they are also appended as JSON lines
+-- (scripts/bench_compare.py reads them next to scripts/peer_torch_sdpa.py's). Without a usable GPU
+-- the bench says so and exits 0 (make bench skips it cleanly).
+-- Usage: luajit bench/attention_gpu_bench.lua [--quick]
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local al = require "attnlab"
+local ffi = require "ffi"
+
+if not al.cuda.available() then
+  local _, why = al.cuda.available()
+  print("attention_gpu_bench: skipped, no usable GPU" .. (why and (" (" .. tostring(why) .. ")") or ""))
+  os.exit(0)
+end
+
+local quick = arg and arg[1] == "--quick"
+local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
+
+local out_path = os.getenv("ATTNLAB_BENCH_OUT")
+local jf = out_path and assert(io.open(out_path, "a"))
+
+local function json(rec)
+  local parts = {}
+  local keys = {}
+  for k in pairs(rec) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local v = rec[k]
+    local s
+    if type(v) == "string" then s = string.format("%q", v):gsub("\\\n", "\\n")
+    elseif type(v) == "boolean" then s = tostring(v)
+    elseif type(v) == "number" then s = (v ~= v or v == math.huge or v == -math.huge) and "null" or string.format("%.6g", v)
+    else s = "null" end
+    parts[#parts + 1] = string.format("%q", k) .. ": " .. s
+  end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+local function emit(rec)
+  rec.source = "attnlab"
+  if jf then jf:write(json(rec), "\n"); jf:flush() end
+end
+
+if not pcall(ffi.typeof, "struct al_gbench_timespec") then
+  ffi.cdef [[ struct al_gbench_timespec { long tv_sec; long tv_nsec; };
+              int clock_gettime(int clk, struct al_gbench_timespec *ts); ]]
+end
+local tsp = ffi.new("struct al_gbench_timespec")
+local function wall()
+  ffi.C.clock_gettime(1, tsp)
+  return tonumber(tsp.tv_sec) + tonumber(tsp.tv_nsec) * 1e-9
+end
+
+-- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
+local function gpu_time(fn)
+  for _ = 1, WARMUP do fn() end
+  al.cuda.synchronize()
+  local e0, e1 = al.cuda.Event(), al.cuda.Event()
+  e0:record()
+  for _ = 1, ITERS do fn() end
+  e1:record()
+  e1:synchronize()
+  return e0:elapsed_time(e1) / ITERS
+end
+
+local info = al.cuda.device_info(0)
+local cudnn = "?"
+do
+  local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
+  if ok then
+    pcall(ffi.cdef, "int64_t al_fused_info(char *buf, int64_t n);")
+    local buf = ffi.new("char[256]")
+    if pcall(function() lib.al_fused_info(buf, 256) end) then cudnn = ffi.string(buf) end
+  end
+end
+print(string.format("attention_gpu_bench on %s (sm_%d%d), %s", info.name, info.capability[1], info.capability[2], cudnn))
+emit({ kind = "env", device = info.name, cudnn = cudnn })
+
+local SHAPES = { { 16, 16, 1024, 128 }, { 4, 16, 4096, 128 }, { 2, 16, 8192, 128 }, { 1, 16, 16384, 128 },
+  { 4, 32, 4096, 64 }, { 4, 16, 4096, 256 } }
+if quick then SHAPES = { { 16, 16, 1024, 128 }, { 4, 16, 4096, 128 } } end
+
+print(string.format("%-20s %-7s %-8s %-8s %9s %9s %9s %9s  %s", "shape (b,h,s,d)", "mask", "layout", "backend",
+  "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s", "note"))
+
+al.manual_seed(1234)
+for _, sh in ipairs(SHAPES) do
+  local b, h, s, d = sh[1], sh[2], sh[3], sh[4]
+  local opts = { dtype = "bf16", device = "cuda" }
+  local qkv = al.randn({ b, s, 3, h, d }, opts)
+  local q, k, v = al.randn({ b, s, h, d }, opts), al.randn({ b, s, h, d }, opts), al.randn({ b, s, h, d }, opts)
+  local dout = al.randn({ b, s, h * d }, opts)
+  local backends = { "fused" }
+  if s <= 1024 then backends[#backends + 1] = "unfused" end
+  for _, mask in ipairs({ "no_mask", "causal" }) do
+    local flops = 4 * b * h * s * s * d * (mask == "causal" and 0.5 or 1)
+    for _, layout in ipairs({ "separate", "bs3hd" }) do
+      local args
+      if layout == "separate" then
+        args = { query_layer = q, key_layer = k, value_layer = v, qkv_format = "bshd", attn_mask_type = mask }
+      else
+        args = { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd", attn_mask_type = mask }
+      end
+      for _, be in ipairs(backends) do
+        args.backend = be
+        local ok, err = pcall(function()
+          local out, ctx
+          local tf = gpu_time(function() out, ctx = al.attention.forward(args) end)
+          local tb = gpu_time(function() al.attention.backward(ctx, dout) end)
+          local rec = { kind = "attention", b = b, h = h, s = s, d = d, mask = mask, layout = layout, backend = be,
+            fwd_ms = tf, bwd_ms = tb, fwd_tflops = flops / (tf * 1e-3) / 1e12,
+            bwd_tflops = 2.5 * flops / (tb * 1e-3) / 1e12 }
+          print(string.format("%-20s %-7s %-8s %-8s %9.3f %9.1f %9.3f %9.1f", string.format("%d,%d,%d,%d", b, h, s, d),
+            mask, layout, be, tf, rec.fwd_tflops, tb, rec.bwd_tflops))
+          emit(rec)
+        end)
+        if not ok then
+          local msg = tostring(err):gsub("\n", " "):sub(1, 160)
+          print(string.format("%-20s %-7s %-8s %-8s %9s %9s %9s %9s  %s", string.format("%d,%d,%d,%d", b, h, s, d),
+            mask, layout, be, "-", "-", "-", "-", msg))
+          emit({ kind = "attention", b = b, h = h, s = s, d = d, mask = mask, layout = layout, backend = be, error = msg })
+        end
+        collectgarbage()
+      end
+    end
+  end
+  qkv, q, k, v, dout = nil, nil, nil, nil, nil
+  collectgarbage()
+  al.cuda.empty_cache()
+end
+
+-- host overhead: one cached fused forward of a tiny shape from Lua
+do
+  local opts = { dtype = "bf16", device = "cuda" }
+  local qkv = al.randn({ 1, 64, 3, 2, 64 }, opts)
+  local args = { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd", attn_mask_type = "causal",
+    backend = "fused" }
+  local ok, err = pcall(function()
+    for _ = 1, 50 do al.attention.forward(args) end
+    al.cuda.synchronize()
+    collectgarbage()
+    local n = 1000
+    local t0 = wall()
+    for _ = 1, n do al.attention.forward(args) end
+    local host = (wall() - t0) / n * 1e6
+    al.cuda.synchronize()
+    local total = (wall() - t0) / n * 1e6
+    print(string.format("host overhead, fused forward (1,2,64,64) bs3hd causal, %d calls: %.2f us/call issued, %.2f us/call incl. sync",
+      n, host, total))
+    emit({ kind = "host_overhead", backend = "fused", us_per_call = host, us_per_call_synced = total, calls = n })
+  end)
+  if not ok then print("host overhead: fused failed: " .. tostring(err)) end
+end
+if jf then jf:close() end

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""bench_compare.py — the ratio table of issue 5 from two JSON-lines files written in one GPU run:
+attnlab's bench/attention_gpu_bench.lua (ATTNLAB_BENCH_OUT) and scripts/peer_torch_sdpa.py (--out).
+
+Per shape and mask, forward and backward:
+  fused/torch_cudnn (separate)   target >= 0.97
+  fused bs3hd / fused separate   target >= 0.97 (packed within 3%)
+  torch_cudnn bs3hd / separate   (PyTorch's packed penalty)
+  fused bs3hd / torch_cudnn bs3hd  target >= 1.25 (backward)
+plus host overhead per call (target <= 5 us for fused). Pure standard library.
+Usage: python3 scripts/bench_compare.py attnlab.jsonl peer.jsonl
+"""
+import json
+import sys
+
+
+def load(path):
+    recs = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("JSON "):
+                line = line[5:]
+            if not line.startswith("{"):
+                continue
+            try:
+                recs.append(json.loads(line))
+            except ValueError:
+                pass
+    return recs
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    recs = load(sys.argv[1]) + load(sys.argv[2])
+    tab = {}
+    hosts = {}
+    for r in recs:
+        if r.get("kind") == "attention" and "error" not in r:
+            tab[(r["b"], r["h"], r["s"], r["d"], r["mask"], r["layout"], r["backend"])] = r
+        elif r.get("kind") == "host_overhead":
+            hosts[r["backend"]] = r
+    shapes = sorted({k[:5] for k in tab}, key=lambda k: (k[2], k[0], k[1], k[3], k[4]))
+
+    def ratio(a, b, field):
+        if a is None or b is None or not b.get(field):
+            return None
+        return a[field] / b[field]
+
+    def fmt(x, target=None):
+        if x is None:
+            return "      -"
+        mark = ""
+        if target is not None:
+            mark = " " if x >= target else "!"
+        return "%6.3f%s" % (x, mark)
+
+    print("ratios of TFLOP/s (! = below the issue's target)")
+    hdr = "%-18s %-7s %-4s %8s %8s %8s %8s %8s %8s" % (
+        "b,h,s,d", "mask", "dir", "fused", "torchcd", "fu/tcd", "fu pk/sp", "tcd pk/sp", "fu/tcd pk")
+    print(hdr)
+    worst = {}
+    for key in shapes:
+        g = lambda layout, be: tab.get(key + (layout, be))
+        for direction, field in (("fwd", "fwd_tflops"), ("bwd", "bwd_tflops")):
+            fs, fp = g("separate", "fused"), g("bs3hd", "fused")
+            ts, tp = g("separate", "torch_cudnn"), g("bs3hd", "torch_cudnn")
+            r1 = ratio(fs, ts, field)
+            r2 = ratio(fp, fs, field)
+            r3 = ratio(tp, ts, field)
+            r4 = ratio(fp, tp, field)
+            for name, val in (("fused/torch_cudnn", r1), ("fused packed/separate", r2)):
+                if val is not None:
+                    worst[name] = min(worst.get(name, 9e9), val)
+            if direction == "bwd" and r4 is not None:
+                worst["fused packed/torch_cudnn packed (bwd)"] = min(worst.get("fused packed/torch_cudnn packed (bwd)", 9e9), r4)
+            print("%-18s %-7s %-4s %8s %8s %s %s %s %s" % (
+                "%d,%d,%d,%d" % key[:4], key[4], direction,
+                "%8.1f" % fs[field] if fs else "       -", "%8.1f" % ts[field] if ts else "       -",
+                fmt(r1, 0.97), fmt(r2, 0.97), fmt(r3), fmt(r4, 1.25 if direction == "bwd" else None)))
+    print()
+    print("worst cases:")
+    targets = {"fused/torch_cudnn": 0.97, "fused packed/separate": 0.97,
+               "fused packed/torch_cudnn packed (bwd)": 1.25}
+    for name, val in sorted(worst.items()):
+        print("  %-40s %.3f (target >= %.2f) %s" % (name, val, targets[name], "ok" if val >= targets[name] else "MISSED"))
+    print()
+    print("host overhead per call (us, issued / including sync):")
+    for be, r in sorted(hosts.items()):
+        tgt = "  (target <= 5 us)" if be == "fused" else ""
+        print("  %-16s %8.2f %8.2f%s" % (be, r["us_per_call"], r.get("us_per_call_synced", float("nan")), tgt))
+
+
+if __name__ == "__main__":
+    main()
