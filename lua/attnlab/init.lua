@@ -20,7 +20,8 @@ al.version = lffi.ffi.string(lffi.C.al_version())
 -- Modules in dependency order. A module that is not present in this checkout is skipped; any other
 -- error while loading one is raised.
 local MODULES = { "attnlab.tensor", "attnlab.math", "attnlab.print", "attnlab.warnings", "attnlab.layout",
-  "attnlab.attention", "attnlab.nn" }
+  "attnlab.attention", "attnlab.nn", "attnlab.layers", "attnlab.mha", "attnlab.inference", "attnlab.optim",
+  "attnlab.plot", "attnlab.progress", "attnlab.results", "attnlab.fp8" }
 
 for _, name in ipairs(MODULES) do
   local ok, mod = pcall(require, name)
