@@ -37,7 +37,7 @@ CUDA_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 CUDA_LIB := $(LIBDIR)/libattnlab_cuda.so
 NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC -Xcompiler -ffp-contract=off \
               -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 \
-              -Iinclude -Isrc -Wno-deprecated-gpu-targets
+              -Iinclude -Isrc -Wno-deprecated-gpu-targets -DAL_KERNEL_SRC_DIR=\"$(CURDIR)/kernels\"
 CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudnn -lcudart -lnvrtc -lcuda
 
 C_TESTS  := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/test_*.c))
@@ -76,7 +76,7 @@ $(CORE_LIB): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,libattnlab.so -Wl,--no-undefined -Wl,-z,nodelete -o $@.tmp $^ $(AL_LDLIBS) && mv -f $@.tmp $@
 
-$(BUILD)/%.o: %.cu $(wildcard include/*.h src/*.h src/numeric/*.h src/cuda/*.h)
+$(BUILD)/%.o: %.cu $(wildcard include/*.h src/*.h src/numeric/*.h src/cuda/*.h kernels/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
@@ -122,7 +122,7 @@ deps:
 #   make test-asan   the core library and C tests rebuilt with AddressSanitizer + UndefinedBehavior-
 #                    Sanitizer (+ LeakSanitizer) in $(BUILD)/asan, then the C tests and the busted specs
 #                    (LuaJIT with the ASan runtime preloaded); ends with the same tally line as `make test`.
-#                    ASAN_SPECS= picks the specs (default: all of tests/spec).
+#                    ASAN_SPECS= picks spec files or folders (default: tests/spec).
 #   make fuzz        builds tests/fuzz/fuzz_*.c with clang's libFuzzer (+ ASan/UBSan) in $(BUILD)/fuzz and
 #                    runs each for FUZZ_SECONDS (default 60) from tests/fuzz/corpus/<target>/; a crash
 #                    leaves crash-* in $(BUILD)/fuzz and fails.
@@ -131,12 +131,17 @@ ASAN_O       := $(BUILD)/asan
 ASAN_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 ASAN_RT      := $(shell $(CC) -print-file-name=libasan.so 2>/dev/null)
 ASAN_SPECS   ?= tests/spec
+# one busted process per spec file (as in `make test`): a sanitizer abort loses one file's results
+ASAN_SPEC_FILES = $(foreach s,$(ASAN_SPECS),$(if $(filter %.lua,$(s)),$(s),$(wildcard $(s)/*_spec.lua)))
 # allocator_may_return_null: a huge allocation is an OOM status to test, not a sanitizer abort.
 # detect_odr_violation=0: LuaJIT's FFI and the preloaded runtime trip false ODR reports.
 ASAN_ENV     := ASAN_OPTIONS=detect_leaks=1:detect_odr_violation=0:allocator_may_return_null=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=0 \
                 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/asan/lsan.supp:print_suppressions=0 \
-                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ASAN_C_TESTS := $(patsubst $(BUILD)/%,$(ASAN_O)/build/%,$(C_TESTS))
+                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_WAIT_POLICY=passive
+# test_nvrtc_kernels compiles ~150 kernels with NVRTC (an uninstrumented library whose allocations ASan
+# intercepts): minutes under the sanitizer for no coverage of attnlab's own memory handling; `make test` runs it.
+ASAN_SKIP_C  ?= test_nvrtc_kernels
+ASAN_C_TESTS := $(filter-out $(addprefix %/,$(ASAN_SKIP_C)),$(patsubst $(BUILD)/%,$(ASAN_O)/build/%,$(C_TESTS)))
 
 .PHONY: test-asan asan-build fuzz fuzz-build deps-fuzz
 # (internal) what the sanitizer build of `make test-asan` makes, in its own O= folder.
@@ -149,9 +154,10 @@ test-asan:
 		|| { cat $(BUILD)/asan-build.log; echo "test-asan: 0 passed, 1 failed (sanitizer build failed)"; exit 1; }
 	@rm -f $(ASAN_O)/test.log
 	@for t in $(ASAN_C_TESTS); do env $(ASAN_ENV) sh scripts/tally.sh run $(ASAN_O)/test.log $$t; done; true
-	@sh scripts/tally.sh run $(ASAN_O)/test.log env LD_PRELOAD=$(ASAN_RT) $(ASAN_ENV) \
+	@for f in $(ASAN_SPEC_FILES); do echo "== $$f (asan)"; \
+		sh scripts/tally.sh run $(ASAN_O)/test.log env LD_PRELOAD=$(ASAN_RT) $(ASAN_ENV) \
 		ATTNLAB_LIBDIR=$(abspath $(ASAN_O)/lib) LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$${LUA_PATH:-;}" \
-		$(BUSTED) -o tests/spec/summary.lua $(ASAN_SPECS); true
+		$(BUSTED) -o tests/spec/summary.lua $$f; done; true
 	@sh scripts/tally.sh $(ASAN_O)/test.log
 
 comma        := ,
@@ -169,7 +175,8 @@ $(FUZZ_DIR)/%.o: %.c $(wildcard include/*.h src/*.h src/numeric/*.h src/cpu/*.h)
 
 $(FUZZ_DIR)/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJ)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_OBJ) -o $@ -lopenblas -lm -lpthread -ldl
+	@echo "fuzz: linking $@"
+	@$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_OBJ) -o $@ -lopenblas -lm -lpthread -ldl
 
 .SECONDARY: $(FUZZ_OBJ)
 fuzz-build: $(addprefix $(FUZZ_DIR)/,$(FUZZ_TARGETS))
@@ -181,7 +188,7 @@ fuzz: fuzz-build
 	for t in $(FUZZ_TARGETS); do \
 		mkdir -p $(FUZZ_DIR)/corpus-$$t; cp -f tests/fuzz/corpus/$$t/* $(FUZZ_DIR)/corpus-$$t/ 2>/dev/null; \
 		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
-		if ( cd $(FUZZ_DIR) && env $(ASAN_ENV) ./$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+		if ( cd $(FUZZ_DIR) && env $(ASAN_ENV) OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ./$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
 				-print_final_stats=1 corpus-$$t >$$t.log 2>&1 ); then \
 			echo "fuzz $$t: 1 passed, 0 failed ($$(grep -o 'stat::number_of_executed_units: *[0-9]*' $(FUZZ_DIR)/$$t.log | grep -o '[0-9]*$$') executions)" \
 				| tee -a $(FUZZ_DIR)/fuzz.log; \
@@ -200,12 +207,53 @@ deps-fuzz:
 	else echo "attnlab: fuzzing dependencies present ($(FUZZ_DEB_PKGS))"; fi
 # ---- end of the reliability block ---------------------------------------------------------------
 
+# ---- workbench: docs, notebooks (docs/, notebooks/, scripts/gen_api_docs.lua) ---------------------
+#   make docs             regenerates docs/REFERENCE.md from include/attnlab.h and the Lua modules
+#                         (tests/spec/api_docs_spec.lua fails with "run make docs" when it is stale)
+#   make deps-notebook    apt-get installs Debian's Jupyter (python3-ipykernel, jupyter-nbconvert,
+#                         python3-nbclient, jupyter-client, jupyter-core) if missing; not part of `deps`
+#   make notebook-kernel  installs the `attnlab` kernel spec for this checkout (--user; NB_PREFIX=--sys-prefix
+#                         or --prefix=DIR instead), pointing at this tree and $(LIBDIR)
+#   make notebook         starts Jupyter (notebook or lab, whichever is installed) on notebooks/ with the kernel
+NB_DEB_PKGS := python3-ipykernel jupyter-nbconvert python3-nbclient jupyter-client jupyter-core
+NB_PREFIX   ?= --user
+NB_SPEC_DIR := $(BUILD)/jupyter
+.PHONY: docs deps-notebook notebook-kernel notebook
+docs: all
+	@$(LUA_ENV) $(LUAJIT) scripts/gen_api_docs.lua docs/REFERENCE.md
+
+deps-notebook:
+	@missing=""; for p in $(NB_DEB_PKGS); do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "attnlab: installing$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	else echo "attnlab: notebook dependencies present ($(NB_DEB_PKGS))"; fi
+
+notebook-kernel: all
+	@command -v jupyter >/dev/null 2>&1 || { echo "attnlab: jupyter is not installed: run make deps-notebook"; exit 1; }
+	@sh notebooks/kernel/make_spec.sh $(NB_SPEC_DIR) $(CURDIR) $(abspath $(LIBDIR)) >/dev/null
+	jupyter kernelspec install $(NB_PREFIX) --replace --name attnlab $(NB_SPEC_DIR)/kernels/attnlab
+
+notebook: all
+	@command -v jupyter >/dev/null 2>&1 || { echo "attnlab: jupyter is not installed: run make deps-notebook"; exit 1; }
+	@sh notebooks/kernel/make_spec.sh $(NB_SPEC_DIR) $(CURDIR) $(abspath $(LIBDIR)) >/dev/null
+	@if jupyter lab --version >/dev/null 2>&1; then app=lab; elif jupyter notebook --version >/dev/null 2>&1; then app=notebook; \
+	else echo "attnlab: neither jupyter lab nor jupyter notebook is installed (apt-get install jupyter-notebook);" \
+		"the kernel works with any front end: JUPYTER_PATH=$(NB_SPEC_DIR)"; exit 1; fi; \
+	JUPYTER_PATH=$(abspath $(NB_SPEC_DIR)) jupyter $$app --notebook-dir=notebooks
+# ---- end of the workbench block -------------------------------------------------------------------
+
 LUADIR := $(PREFIX)/share/lua/5.1
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LUADIR)/attnlab \
 		$(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(ALL_LIBS) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/attnlab.h $(DESTDIR)$(PREFIX)/include/
+	install -d $(DESTDIR)$(PREFIX)/share/attnlab/kernels
+	install -m 644 kernels/*.cu kernels/*.cuh kernels/*.h $(DESTDIR)$(PREFIX)/share/attnlab/kernels/
 	install -m 644 lua/attnlab/*.lua $(DESTDIR)$(LUADIR)/attnlab/
 	printf 'return { libdir = "%s", header = "%s" }\n' "$(PREFIX)/lib" "$(PREFIX)/include/attnlab.h" \
 		> $(DESTDIR)$(LUADIR)/attnlab/config.lua

@@ -264,10 +264,30 @@ al_status al_cuda_synchronize(int32_t device_index);
 int64_t al_cuda_memory_reserved(int32_t device_index);
 al_status al_cuda_empty_cache(int32_t device_index);
 
+/* Streams. Every thread has a current stream per device (initially the device's default stream);
+ * all work that thread queues on the device goes there. The caching allocator pools blocks per
+ * stream, so a tensor used on a stream other than the one current at its allocation must stay alive
+ * until that stream is done with it (synchronise it, or order it with an event). */
+typedef struct al_cuda_stream al_cuda_stream; /* opaque */
+al_status al_cuda_stream_new(al_cuda_stream **out, int32_t device_index);
+/* Synchronises the stream, then destroys it; if it was current on this thread, the default returns. */
+void al_cuda_stream_free(al_cuda_stream *s);
+/* Make s current for this thread on its device; NULL (with device_index) restores the default. */
+al_status al_cuda_set_stream(int32_t device_index, al_cuda_stream *s);
+/* This thread's current stream on a device; NULL for the default stream. */
+al_cuda_stream *al_cuda_get_stream(int32_t device_index);
+al_status al_cuda_stream_synchronize(al_cuda_stream *s);
+/* *done = 1 when all work queued on s has finished. */
+al_status al_cuda_stream_query(al_cuda_stream *s, int32_t *done);
+
 typedef struct al_cuda_event al_cuda_event;   /* opaque */
 al_status al_cuda_event_new(al_cuda_event **out, int32_t device_index);
 void al_cuda_event_free(al_cuda_event *e);
+/* Record on this thread's current stream, or on s (NULL: the current one). */
 al_status al_cuda_event_record(al_cuda_event *e);
+al_status al_cuda_event_record_on(al_cuda_event *e, al_cuda_stream *s);
+/* Work queued on s after this call waits until e has completed (cross-stream ordering, no host wait). */
+al_status al_cuda_stream_wait_event(al_cuda_stream *s, al_cuda_event *e);
 al_status al_cuda_event_synchronize(al_cuda_event *e);
 /* Milliseconds between two recorded events. */
 al_status al_cuda_event_elapsed(const al_cuda_event *start, const al_cuda_event *end, float *ms);
@@ -444,6 +464,9 @@ typedef struct al_attn_params {
     char    backend[16];            /* "" = automatic; else "cpu", "unfused", "flash", "fused" */
 } al_attn_params;
 
+/* FP8 settings of one call (defined in the FP8 section below). */
+typedef struct al_attn_fp8 al_attn_fp8;
+
 /* Tensor arguments (NULL = absent). */
 typedef struct al_attn_inputs {
     const al_tensor *q, *k, *v;
@@ -456,6 +479,7 @@ typedef struct al_attn_inputs {
     const al_tensor *bias;                /* [b|1, h|1, sq|1, skv] (bhss 1hss b1ss 11ss 111s) */
     const al_tensor *alibi_slopes;        /* f32 [h] or [b,h]; NULL = TE's default slopes */
     const al_tensor *softmax_offset;      /* [h]: learnable sink logits (off-by-one ignores it) */
+    al_attn_fp8 *fp8;                     /* FP8 attention (emulated; see the FP8 section below), or NULL */
 } al_attn_inputs;
 
 /* TE's defaults: sbhd, causal, window (-1,-1), no bias, vanilla, scale 0 (auto), f32 compute. */
@@ -486,6 +510,66 @@ void al_attn_default_alibi_slopes(int64_t h, float *slopes);
 /* Uniform [0,1) draw (numeric/philox.h stream) for dropout element idx (linear index as above);
  * the element is kept iff the draw < 1 - p, and kept values are scaled by 1/(1-p). */
 float al_attn_dropout_uniform(uint64_t seed, uint64_t offset, uint64_t idx);
+
+/* ---------------------------------------------------------------------------------------------
+ * FP8 (src/fp8.c; CUDA through the plugin, bit-identical to the CPU). Formats are the dtype codes
+ * AL_DTYPE_FP8_E4M3 (max 448) and AL_DTYPE_FP8_E5M2 (max 57344); encoding is OCP, saturating, RNE
+ * (src/numeric/convert.h), computed from the double x * scale (one rounding).
+ * ------------------------------------------------------------------------------------------- */
+/* max |x| over every element of any view (f64 result; NaN if any element is NaN; 0 for no elements). */
+al_status al_amax(const al_tensor *x, double *amax);
+/* out (new, contiguous, x's shape and device, dtype = format) = fp8(x * scale). */
+al_status al_fp8_quantize(al_tensor *out, const al_tensor *x, int32_t format, double scale);
+/* out (new, contiguous, dtype a float type) = decode(q) * scale_inv, rounded once to dtype. */
+al_status al_fp8_dequantize(al_tensor *out, const al_tensor *q, double scale_inv, int32_t dtype);
+/* Per-row current scaling: the rows are the leading x.ndim - row_dims dims (row_dims >= 1 trailing
+ * dims form one row; e.g. 3 on a packed [b,s,3,h,d] buffer = one scale per token shared by q, k, v).
+ * scale_r = fp8_max / amax_r / 2^margin (1 when amax_r is 0, inf or NaN); out = fp8(x * scale_r) and
+ * scale_inv (new, f32, shape x.shape[:ndim-row_dims]) = 1 / scale_r. */
+al_status al_fp8_quantize_rows(al_tensor *out, al_tensor *scale_inv, const al_tensor *x, int32_t format,
+                               int32_t row_dims, double margin);
+/* MXFP8 (OCP microscaling, emulated): blocks of 32 consecutive elements along dim (the last block may
+ * be shorter), one E8M0 scale per block stored as u8 (2^(code-127); 255 = NaN block), chosen as TE
+ * does: the smallest power of two X with amax <= fp8_max * X (no element saturates; clamped to
+ * 2^-127..2^127). out = fp8(x / X); scales: new u8 tensor of x's shape with extent ceil(n/32) at dim. */
+al_status al_mxfp8_quantize(al_tensor *out, al_tensor *scales, const al_tensor *x, int32_t format, int32_t dim);
+/* out (new, contiguous, dtype) = decode(q) * 2^(scale-127) blockwise along dim. */
+al_status al_mxfp8_dequantize(al_tensor *out, const al_tensor *q, const al_tensor *scales, int32_t dim,
+                              int32_t dtype);
+/* Largest finite value of an FP8 format (448 or 57344); 0 for another dtype. */
+double al_fp8_max(int32_t format);
+
+/* FP8 attention slots, TransformerEngine's roles: forward QKV (q, k, v), S (softmax output, the P of
+ * P.V), O; backward dO, dP (the score gradient feeding dQ/dK), dQKV (dq, dk, dv). */
+typedef enum al_fp8_slot {
+    AL_FP8_SLOT_QKV = 0, AL_FP8_SLOT_S = 1, AL_FP8_SLOT_O = 2,
+    AL_FP8_SLOT_DO = 3, AL_FP8_SLOT_DP = 4, AL_FP8_SLOT_DQKV = 5,
+    AL_FP8_SLOT_COUNT = 6
+} al_fp8_slot;
+
+/* FP8 attention, emulated exactly (quantise -> dequantise at every slot, compute in the compute
+ * dtype) by the cpu backend: in al_attn_inputs.fp8. Start from al_attn_fp8_init().
+ * q, k, v: FP8 tensors (fwd_format), read as decode(x) * qkv_scale_inv (or the per-token descales),
+ * or float tensors already (fake-)quantised upstream, read as they are (MXFP8 recipes).
+ * scale[slot]: > 0 a given scale (delayed scaling); 0 = current scaling, from this tensor's amax:
+ * fp8_max / amax / 2^margin (O, dO, dQKV only; S and dP are produced inside the kernel, so they are
+ * always delayed, as in TE); < 0 = this slot is not quantised (a recipe quantises it outside).
+ * The kernel reports amax[slot] (before quantisation) and the scale it used, so recipes can update. */
+struct al_attn_fp8 {
+    int32_t fwd_format;          /* AL_DTYPE_FP8_E4M3 (default) or E5M2: QKV, S, O */
+    int32_t bwd_format;          /* dO, dP, dQKV (HYBRID: E5M2; default E4M3) */
+    int32_t out_dtype;           /* dtype of the (dequantised) output O: f32 (default), f64, f16, bf16 */
+    int32_t o_per_token;         /* 1: O is current-scaled per token (one scale per (b, token) over h, d) */
+    double  margin;              /* for current scaling */
+    double  qkv_scale_inv;       /* descale of FP8 q, k, v (when no per-token descales are given) */
+    double  scale[6];            /* per slot, as above; scale[QKV] is informational (the inputs carry it) */
+    const al_tensor *q_descale;  /* per-token descales of FP8 q: f32, shape q.shape[:-2], or NULL */
+    const al_tensor *k_descale;  /* per-token descales of FP8 k: f32, shape k.shape[:-2], or NULL */
+    const al_tensor *v_descale;  /* per-token descales of FP8 v: f32, shape v.shape[:-2], or NULL */
+    double  amax[6];             /* out: amax per slot of this call (forward fills S, O; backward dO, dP, dQKV) */
+    double  scale_used[6];       /* out: the scale each quantised slot used (O: 0 when per token) */
+};
+void al_attn_fp8_init(al_attn_fp8 *f);
 
 /* AL_FFI_END */
 

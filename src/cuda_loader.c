@@ -110,10 +110,70 @@ al_status al_cuda_empty_cache(int32_t device_index) {
     return al_cuda_api_get()->empty_cache(device_index);
 }
 
-/* Events wrap the plugin's handle; the struct lives on the host. */
+/* Streams and events wrap the plugin's handles; the structs live on the host. */
+struct al_cuda_stream {
+    void *handle;
+    int32_t dev;
+};
+
 struct al_cuda_event {
     void *ev;
+    int32_t dev;
 };
+
+/* This thread's current stream wrapper per device (NULL: default), mirroring the plugin's. */
+static _Thread_local al_cuda_stream *t_current[64];
+
+al_status al_cuda_stream_new(al_cuda_stream **out, int32_t device_index) {
+    *out = NULL;
+    AL_TRY(al_cuda_check_device("cuda.Stream", device_index));
+    al_cuda_stream *s = calloc(1, sizeof *s);
+    if (!s) return al_error(AL_ERR_OOM, "cuda.Stream: out of host memory");
+    al_status st = al_cuda_api_get()->stream_new(&s->handle, device_index);
+    if (st != AL_OK) { free(s); return st; }
+    s->dev = device_index;
+    *out = s;
+    return AL_OK;
+}
+
+void al_cuda_stream_free(al_cuda_stream *s) {
+    if (!s) return;
+    const al_cuda_api *api = al_cuda_api_get();
+    if (s->dev >= 0 && s->dev < 64 && t_current[s->dev] == s) t_current[s->dev] = NULL;
+    if (api) api->stream_free(s->dev, s->handle);
+    free(s);
+}
+
+al_status al_cuda_set_stream(int32_t device_index, al_cuda_stream *s) {
+    if (s && s->dev != device_index)
+        return al_error(AL_ERR_ARG, "cuda.set_stream: the stream belongs to cuda:%d, not cuda:%d", s->dev, device_index);
+    AL_TRY(al_cuda_check_device("cuda.set_stream", device_index));
+    if (device_index >= 64) return al_error(AL_ERR_ARG, "cuda.set_stream: device index %d too large", device_index);
+    AL_TRY(al_cuda_api_get()->stream_set(device_index, s ? s->handle : NULL));
+    t_current[device_index] = s;
+    return AL_OK;
+}
+
+al_cuda_stream *al_cuda_get_stream(int32_t device_index) {
+    return device_index >= 0 && device_index < 64 ? t_current[device_index] : NULL;
+}
+
+al_status al_cuda_stream_synchronize(al_cuda_stream *s) {
+    if (!s) return al_error(AL_ERR_ARG, "cuda.Stream:synchronize: stream is NULL");
+    return al_cuda_api_get()->stream_synchronize(s->dev, s->handle);
+}
+
+al_status al_cuda_stream_query(al_cuda_stream *s, int32_t *done) {
+    if (!s) return al_error(AL_ERR_ARG, "cuda.Stream:query: stream is NULL");
+    return al_cuda_api_get()->stream_query(s->dev, s->handle, done);
+}
+
+al_status al_cuda_stream_wait_event(al_cuda_stream *s, al_cuda_event *e) {
+    if (!s || !e) return al_error(AL_ERR_ARG, "cuda.Stream:wait_event: stream or event is NULL");
+    if (s->dev != e->dev)
+        return al_error(AL_ERR_ARG, "cuda.Stream:wait_event: stream on cuda:%d, event on cuda:%d", s->dev, e->dev);
+    return al_cuda_api_get()->stream_wait_event(s->dev, s->handle, e->ev);
+}
 
 al_status al_cuda_event_new(al_cuda_event **out, int32_t device_index) {
     *out = NULL;
@@ -122,6 +182,7 @@ al_status al_cuda_event_new(al_cuda_event **out, int32_t device_index) {
     if (!e) return al_error(AL_ERR_OOM, "cuda.Event: out of host memory");
     al_status st = al_cuda_api_get()->event_new(&e->ev, device_index);
     if (st != AL_OK) { free(e); return st; }
+    e->dev = device_index;
     *out = e;
     return AL_OK;
 }
@@ -136,6 +197,13 @@ void al_cuda_event_free(al_cuda_event *e) {
 al_status al_cuda_event_record(al_cuda_event *e) {
     if (!e) return al_error(AL_ERR_ARG, "cuda.Event:record: event is NULL");
     return al_cuda_api_get()->event_record(e->ev);
+}
+
+al_status al_cuda_event_record_on(al_cuda_event *e, al_cuda_stream *s) {
+    if (!e) return al_error(AL_ERR_ARG, "cuda.Event:record: event is NULL");
+    if (s && s->dev != e->dev)
+        return al_error(AL_ERR_ARG, "cuda.Event:record: event on cuda:%d, stream on cuda:%d", e->dev, s->dev);
+    return al_cuda_api_get()->event_record_on(e->ev, s ? s->handle : NULL);
 }
 
 al_status al_cuda_event_synchronize(al_cuda_event *e) {

@@ -28,8 +28,10 @@ typedef struct al_cuda_api {
     al_status (*synchronize)(int32_t dev);
 
     /* memory: a caching allocator (freed blocks are kept per size class; no cudaFree on the hot path) */
+    /* malloc serves the block from the pool of the calling thread's current stream; free returns it to
+     * the pool of the stream it was allocated on (the stream current_stream() named at allocation) */
     al_status (*malloc)(int32_t dev, int64_t nbytes, void **ptr);
-    void (*free)(int32_t dev, void *ptr, int64_t nbytes);
+    void (*free)(int32_t dev, void *ptr, int64_t nbytes, void *stream);
     int64_t (*memory_reserved)(int32_t dev);
     al_status (*empty_cache)(int32_t dev);
     al_status (*memcpy_h2d)(int32_t dev, void *dst, const void *src, int64_t nbytes);
@@ -66,6 +68,29 @@ typedef struct al_cuda_api {
     al_status (*event_record)(void *ev);
     al_status (*event_synchronize)(void *ev);
     al_status (*event_elapsed)(void *start, void *end, float *ms);
+
+    /* streams: a stream handle is the plugin's (a cudaStream_t); NULL means the device's default
+     * stream. The current stream is per thread and per device; all work of the thread goes there. */
+    void *(*current_stream)(int32_t dev);
+    al_status (*stream_new)(void **stream, int32_t dev);
+    void (*stream_free)(int32_t dev, void *stream);          /* synchronises it first */
+    al_status (*stream_set)(int32_t dev, void *stream);
+    al_status (*stream_synchronize)(int32_t dev, void *stream);
+    al_status (*stream_query)(int32_t dev, void *stream, int32_t *done);
+    al_status (*stream_wait_event)(int32_t dev, void *stream, void *ev);
+    al_status (*event_record_on)(void *ev, void *stream);    /* NULL stream: the current one */
+
+    /* FP8 (src/cuda/fp8.cu), bit-identical to src/fp8.c (numeric/fp8_scale.h). The core allocates the
+     * outputs (contiguous; out->dtype is the FP8 format or the dequantised dtype); x, q any strides. */
+    al_status (*amax)(const al_tensor *x, double *amax);          /* synchronous; NaN-propagating */
+    al_status (*fp8_quantize)(al_tensor *out, const al_tensor *x, double scale);
+    al_status (*fp8_dequantize)(al_tensor *out, const al_tensor *q, double scale_inv);
+    /* rows = the leading x->ndim - row_dims dims; scale_inv f32 [rows] (contiguous) */
+    al_status (*fp8_quantize_rows)(al_tensor *out, al_tensor *scale_inv, const al_tensor *x, int32_t row_dims,
+                                   double pow2_margin);
+    /* scales: u8, x's shape with ceil(n/32) at dim (contiguous) */
+    al_status (*mxfp8_quantize)(al_tensor *out, al_tensor *scales, const al_tensor *x, int32_t dim);
+    al_status (*mxfp8_dequantize)(al_tensor *out, const al_tensor *q, const al_tensor *scales, int32_t dim);
 } al_cuda_api;
 
 /* The plugin's one exported entry point. Returns AL_OK and fills api, or an error (no driver, no

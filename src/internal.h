@@ -48,6 +48,7 @@ struct al_storage {
     int32_t device_type;
     int32_t device_index;
     int64_t refcount;   /* atomically updated */
+    void *stream;       /* cuda: the stream current at allocation (the allocator's pool for it) */
 };
 
 /* New storage of nbytes on a device, refcount 1. */

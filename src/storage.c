@@ -41,7 +41,8 @@ al_status al_storage_new(al_storage **out, int64_t nbytes, int32_t device_type, 
     int64_t alloc = nbytes > 0 ? nbytes : 1;
     if (device_type == AL_DEVICE_CPU) {
         void *p = NULL;
-        size_t rounded = (size_t)((alloc + 63) & ~(int64_t)63);
+        /* unsigned: alloc may be near INT64_MAX, where alloc + 63 overflowed int64 (UBSan, fuzz_views) */
+        size_t rounded = (size_t)(((uint64_t)alloc + 63u) & ~(uint64_t)63u);
         if ((uint64_t)alloc > (uint64_t)SIZE_MAX - 64 || posix_memalign(&p, 64, rounded) != 0) {
             free(s);
             return al_error(AL_ERR_OOM, "storage: out of host memory allocating %lld bytes", (long long)nbytes);
@@ -53,6 +54,7 @@ al_status al_storage_new(al_storage **out, int64_t nbytes, int32_t device_type, 
         const al_cuda_api *api = al_cuda_api_get();
         st = api->malloc(device_index, alloc, &s->data);
         if (st != AL_OK) { free(s); return st; }
+        s->stream = api->current_stream(device_index);
     } else {
         free(s);
         return al_error(AL_ERR_ARG, "storage: unknown device type %d", device_type);
@@ -79,7 +81,7 @@ void al_storage_release(al_storage *s) {
         free(s->data);
     } else {
         const al_cuda_api *api = al_cuda_api_get();
-        if (api) api->free(s->device_index, s->data, s->nbytes > 0 ? s->nbytes : 1);
+        if (api) api->free(s->device_index, s->data, s->nbytes > 0 ? s->nbytes : 1, s->stream);
     }
     account(s->device_type, s->device_index, -s->nbytes);
     __atomic_sub_fetch(&g_live_storages, 1, __ATOMIC_RELAXED);

@@ -320,22 +320,26 @@ function create.tensor(data, opts)
   return t
 end
 
-function create.empty_like(t, opts)
+function create.empty_like(t, opts, fname)
+  fname = fname or "empty_like"
+  -- (hostile_spec: a non-tensor used to fail with "attempt to index local 't'", naming no function)
+  if not is_tensor(t) then error(fname .. ": t: expected a tensor, got " .. type(t), 3) end
+  if opts ~= nil and type(opts) ~= "table" then error(fname .. ": opts: expected a table {dtype=, device=}, got " .. type(opts), 3) end
   opts = opts or {}
   local r = t.raw
   for i = 0, r.ndim - 1 do size_buf[i] = r.size[i] end
   local dt, di = r.device_type, r.device_index
-  if opts.device then dt, di = parse_device(opts.device, "empty_like") end
-  local dtype = opts.dtype and parse_dtype(opts.dtype, "empty_like") or r.dtype
-  return empty_n(r.ndim, dtype, dt, di, "empty_like")
+  if opts.device then dt, di = parse_device(opts.device, fname) end
+  local dtype = opts.dtype and parse_dtype(opts.dtype, fname) or r.dtype
+  return empty_n(r.ndim, dtype, dt, di, fname)
 end
 function create.zeros_like(t, opts)
-  local z = create.empty_like(t, opts)
+  local z = create.empty_like(t, opts, "zeros_like")
   check(C.al_tensor_fill_(z.raw, 0), "zeros_like")
   return z
 end
 function create.randn_like(t, opts)
-  local z = create.empty_like(t, opts)
+  local z = create.empty_like(t, opts, "randn_like")
   check(C.al_tensor_random_(z.raw, 1), "randn_like")
   return z
 end
@@ -701,7 +705,50 @@ end
 function cuda.memory_reserved(idx) return tonumber(C.al_cuda_memory_reserved(idx or 0)) end
 function cuda.empty_cache(idx) check(C.al_cuda_empty_cache(idx or 0), "cuda.empty_cache") end
 
--- al.cuda.Event(): e:record(), e:synchronize(), start:elapsed_time(stop) in milliseconds.
+-- al.cuda.Stream(device): s:synchronize(), s:query() (true when idle), s:wait_event(e).
+-- al.cuda.set_stream(s) makes s current for this thread on its device (al.cuda.set_stream(nil, dev)
+-- restores the default); al.cuda.current_stream(dev) returns it (nil: the default stream);
+-- al.cuda.with_stream(s, fn, ...) runs fn with s current and restores the previous stream, even on error.
+local Stream = {}
+Stream.__index = Stream
+local streams_by_ptr = setmetatable({}, { __mode = "v" }) -- C pointer -> Lua object
+function cuda.Stream(idx)
+  local p = ffi.new("al_cuda_stream *[1]")
+  check(C.al_cuda_stream_new(p, idx or 0), "cuda.Stream")
+  local s = setmetatable({ handle = ffi.gc(p[0], C.al_cuda_stream_free), device = idx or 0 }, Stream)
+  streams_by_ptr[tostring(ffi.cast("uintptr_t", p[0]))] = s
+  return s
+end
+function Stream:synchronize() check(C.al_cuda_stream_synchronize(self.handle), "Stream:synchronize") end
+function Stream:query()
+  local done = ffi.new("int32_t[1]")
+  check(C.al_cuda_stream_query(self.handle, done), "Stream:query")
+  return done[0] ~= 0
+end
+function Stream:wait_event(e) check(C.al_cuda_stream_wait_event(self.handle, e.handle), "Stream:wait_event") return self end
+function Stream:__tostring() return "attnlab.cuda.Stream on cuda:" .. self.device end
+
+function cuda.set_stream(s, idx)
+  if s ~= nil and getmetatable(s) ~= Stream then error("cuda.set_stream: expected a cuda.Stream or nil, got " .. type(s), 2) end
+  local dev = s and s.device or idx or 0
+  check(C.al_cuda_set_stream(dev, s and s.handle or nil), "cuda.set_stream")
+end
+function cuda.current_stream(idx)
+  local p = C.al_cuda_get_stream(idx or 0)
+  if p == nil then return nil end
+  return streams_by_ptr[tostring(ffi.cast("uintptr_t", p))]
+end
+local function pack_results(...) return { n = select("#", ...), ... } end
+function cuda.with_stream(s, fn, ...)
+  local prev = cuda.current_stream(s.device)
+  cuda.set_stream(s)
+  local res = pack_results(pcall(fn, ...))
+  cuda.set_stream(prev, s.device)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- al.cuda.Event(): e:record([stream]), e:synchronize(), start:elapsed_time(stop) in milliseconds.
 local Event = {}
 Event.__index = Event
 function cuda.Event(idx)
@@ -710,7 +757,10 @@ function cuda.Event(idx)
   local e = setmetatable({ handle = ffi.gc(p[0], C.al_cuda_event_free) }, Event)
   return e
 end
-function Event:record() check(C.al_cuda_event_record(self.handle), "Event:record") return self end
+function Event:record(stream)
+  check(C.al_cuda_event_record_on(self.handle, stream and stream.handle or nil), "Event:record")
+  return self
+end
 function Event:synchronize() check(C.al_cuda_event_synchronize(self.handle), "Event:synchronize") end
 function Event:elapsed_time(stop)
   local ms = ffi.new("float[1]")

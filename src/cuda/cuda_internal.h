@@ -36,7 +36,17 @@ AL_CU_HIDDEN al_status al_cu_check_dev(const char *op, int32_t dev);
 /* allocator.cu */
 AL_CU_HIDDEN al_status al_cu_begin(const char *op, int32_t dev, cudaStream_t *stream);
 AL_CU_HIDDEN al_status al_cu_malloc(int32_t dev, int64_t nbytes, void **ptr);
+/* al_cu_free returns a block to the pool of the calling thread's current stream (temporaries made
+ * and dropped inside one call); al_cu_free_on to the pool of the stream it was allocated on. */
 AL_CU_HIDDEN void al_cu_free(int32_t dev, void *ptr, int64_t nbytes);
+AL_CU_HIDDEN void al_cu_free_on(int32_t dev, void *ptr, int64_t nbytes, void *stream);
+AL_CU_HIDDEN void *al_cu_current_stream(int32_t dev);
+AL_CU_HIDDEN al_status al_cu_stream_new(void **stream, int32_t dev);
+AL_CU_HIDDEN void al_cu_stream_free(int32_t dev, void *stream);
+AL_CU_HIDDEN al_status al_cu_stream_set(int32_t dev, void *stream);
+AL_CU_HIDDEN al_status al_cu_stream_synchronize(int32_t dev, void *stream);
+AL_CU_HIDDEN al_status al_cu_stream_query(int32_t dev, void *stream, int32_t *done);
+AL_CU_HIDDEN al_status al_cu_stream_wait_event(int32_t dev, void *stream, void *ev);
 AL_CU_HIDDEN int64_t al_cu_memory_reserved(int32_t dev);
 AL_CU_HIDDEN al_status al_cu_empty_cache(int32_t dev);
 AL_CU_HIDDEN al_status al_cu_synchronize(int32_t dev);
@@ -75,12 +85,18 @@ AL_CU_HIDDEN al_status al_cu_matmul(al_tensor *out, const al_tensor *a, const al
 AL_CU_HIDDEN al_status al_cu_event_new(void **ev, int32_t dev);
 AL_CU_HIDDEN void al_cu_event_free(void *ev);
 AL_CU_HIDDEN al_status al_cu_event_record(void *ev);
+AL_CU_HIDDEN al_status al_cu_event_record_on(void *ev, void *stream);
 AL_CU_HIDDEN al_status al_cu_event_synchronize(void *ev);
 AL_CU_HIDDEN al_status al_cu_event_elapsed(void *start, void *end, float *ms);
+
+/* fp8.cu: fills the FP8 entries of the api table (amax, quantise, dequantise, per-row, MXFP8) */
+AL_CU_HIDDEN void al_cu_fp8_fill_api(al_cuda_api *api);
 
 /* attn_fused.cu: registers the "fused" (cuDNN SDPA) attention backend with the core */
 AL_CU_HIDDEN al_status al_cu_attn_fused_register(void);
 /* attn_unfused.cu: registers the "unfused" (cuBLASLt + kernels, the GPU reference) backend */
 AL_CU_HIDDEN al_status al_cu_attn_unfused_register(void);
+/* attn_flash.cu: registers the "flash" backend (our NVRTC-compiled FA2-class kernels) */
+AL_CU_HIDDEN al_status al_cu_attn_flash_register(void);
 
 #endif /* ATTNLAB_CUDA_INTERNAL_H */

@@ -1,6 +1,7 @@
 /*
- * cuda/events.cu — timing events on a device's stream (the plugin's only stream for that device),
- * so an event pair brackets exactly the work the plugin queued between the two records.
+ * cuda/events.cu — events on a device's streams: recorded on the calling thread's current stream
+ * (or a given one), so an event pair brackets exactly the work queued there between the two records;
+ * a stream can wait on an event recorded on another (cross-stream ordering).
  * An event handle is a small host struct { cudaEvent_t, device }.
  */
 #include "cuda/cuda_internal.h"
@@ -34,13 +35,26 @@ void al_cu_event_free(void *p) {
     free(e);
 }
 
-al_status al_cu_event_record(void *p) {
+al_status al_cu_event_record(void *p) { return al_cu_event_record_on(p, NULL); }
+
+/* Record on the given stream (NULL: the calling thread's current stream). */
+al_status al_cu_event_record_on(void *p, void *stream) {
     al_cu_event *e = (al_cu_event *)p;
     if (!e) return al_error(AL_ERR_ARG, "cuda.Event:record: event is NULL");
     cudaStream_t s;
     AL_TRY(al_cu_begin("cuda.Event:record", e->dev, &s));
-    AL_CUDA_TRY(cudaEventRecord(e->ev, s));
+    AL_CUDA_TRY(cudaEventRecord(e->ev, stream ? (cudaStream_t)stream : s));
     e->recorded = 1;
+    return AL_OK;
+}
+
+al_status al_cu_stream_wait_event(int32_t dev, void *stream, void *p) {
+    al_cu_event *e = (al_cu_event *)p;
+    if (!e) return al_error(AL_ERR_ARG, "cuda.Stream:wait_event: event is NULL");
+    if (!e->recorded) return al_error(AL_ERR_ARG, "cuda.Stream:wait_event: the event was never recorded");
+    cudaStream_t s;
+    AL_TRY(al_cu_begin("cuda.Stream:wait_event", dev, &s));
+    AL_CUDA_TRY(cudaStreamWaitEvent(stream ? (cudaStream_t)stream : s, e->ev, 0));
     return AL_OK;
 }
 

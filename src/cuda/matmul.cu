@@ -21,7 +21,7 @@
  * path); f16/bf16 inputs -> f32 accumulation with f16/bf16 or f32 output. Other combinations (fp8,
  * mixed dtypes, f16 output from f32 inputs) compute in f32 from converted temporaries and convert
  * the result into out. Alignment preferences tell the heuristic the real pointer alignments, so
- * views at odd offsets get a kernel that can read them. One cuBLASLt handle and a 32 MiB workspace
+ * views at odd offsets get a kernel that can read them. One cuBLASLt handle per device and a 32 MiB workspace per call (from the caching allocator)
  * per device, created on first use and kept.
  */
 #include "cuda/cuda_internal.h"
@@ -32,7 +32,6 @@
 typedef struct {
     int ready;
     cublasLtHandle_t handle;
-    void *workspace;
 } al_mm_device;
 
 static pthread_mutex_t g_mm_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -44,11 +43,7 @@ static al_status mm_device(int32_t dev, al_mm_device **out) {
     al_status st = AL_OK;
     if (!d->ready) {
         st = AL_CUBLAS_ST(cublasLtCreate(&d->handle));
-        if (st == AL_OK) {
-            st = al_cu_malloc(dev, AL_CU_WORKSPACE_BYTES, &d->workspace);
-            if (st != AL_OK) cublasLtDestroy(d->handle);
-            else d->ready = 1;
-        }
+        if (st == AL_OK) d->ready = 1;
     }
     pthread_mutex_unlock(&g_mm_lock);
     *out = d;
@@ -188,6 +183,7 @@ static al_status run_gemm(int32_t dev, cudaStream_t s, char *outp, int32_t out_d
                           int64_t m, int64_t n, int64_t k) {
     al_mm_device *md;
     AL_TRY(mm_device(dev, &md));
+    void *workspace = NULL;   /* set before the gemm loop; declared here for the gotos */
     int32_t nd = A->ndim, nb = nd - 2;
     /* joint batch coalescing: out (contiguous), a, b */
     al_td bt[3];
@@ -272,6 +268,9 @@ static al_status run_gemm(int32_t dev, cudaStream_t s, char *outp, int32_t out_d
                       (long long)n, (long long)k, (long long)count, al_a, al_b, al_o);
         goto done;
     }
+    /* The workspace comes from the caching allocator on this call's stream (a cache hit after the
+     * first call), so gemms queued on different user streams never share one. */
+    if ((st = al_cu_malloc(dev, AL_CU_WORKSPACE_BYTES, &workspace)) != AL_OK) goto done;
     for (int64_t ob = 0; ob < outer; ob++) {
         /* offsets of outer batch ob over the coalesced dims before `last` */
         int64_t oa = A->offset, obb = B->offset, oo = 0, rem = ob;
@@ -283,10 +282,11 @@ static al_status run_gemm(int32_t dev, cudaStream_t s, char *outp, int32_t out_d
             obb += c * bt[2].stride[d];
         }
         st = AL_CUBLAS_ST(cublasLtMatmul(md->handle, ds.op, alpha, B->data + obb * eb, ds.la, A->data + oa * ea, ds.lb,
-                                         beta, outp + oo * eo, ds.ld, outp + oo * eo, ds.ld, &heur.algo, md->workspace,
+                                         beta, outp + oo * eo, ds.ld, outp + oo * eo, ds.ld, &heur.algo, workspace,
                                          (size_t)wsize, s));
-        if (st != AL_OK) goto done;
+        if (st != AL_OK) break;
     }
+    al_cu_free(dev, workspace, AL_CU_WORKSPACE_BYTES);
 done:
     destroy_descs(&ds);
     return st;

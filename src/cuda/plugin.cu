@@ -68,7 +68,7 @@ extern "C" __attribute__((visibility("default"))) al_status al_cuda_plugin_init(
     api->device_info = device_info;
     api->synchronize = al_cu_synchronize;
     api->malloc = al_cu_malloc;
-    api->free = al_cu_free;
+    api->free = al_cu_free_on;
     api->memory_reserved = al_cu_memory_reserved;
     api->empty_cache = al_cu_empty_cache;
     api->memcpy_h2d = al_cu_memcpy_h2d;
@@ -92,9 +92,19 @@ extern "C" __attribute__((visibility("default"))) al_status al_cuda_plugin_init(
     api->event_record = al_cu_event_record;
     api->event_synchronize = al_cu_event_synchronize;
     api->event_elapsed = al_cu_event_elapsed;
+    api->current_stream = al_cu_current_stream;
+    api->stream_new = al_cu_stream_new;
+    api->stream_free = al_cu_stream_free;
+    api->stream_set = al_cu_stream_set;
+    api->stream_synchronize = al_cu_stream_synchronize;
+    api->stream_query = al_cu_stream_query;
+    api->stream_wait_event = al_cu_stream_wait_event;
+    api->event_record_on = al_cu_event_record_on;
+    al_cu_fp8_fill_api(api);
     /* attention backends: a registration failure leaves that backend out (explain says so), it does
      * not make the plugin unusable */
     (void)al_cu_attn_fused_register();
     (void)al_cu_attn_unfused_register();
+    (void)al_cu_attn_flash_register();
     return AL_OK;
 }

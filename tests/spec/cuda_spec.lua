@@ -113,6 +113,43 @@ describe("cuda #gpu", function()
     end
   end)
 
+  it("tiles transposed and permuted copies bit-exactly, converting on the way (any dtype pair)", function()
+    if not need_gpu() then return end
+    -- src or dst transposed, a batch dim outside or between the tiled dims; extents 67 and 130 are
+    -- not multiples of the 64-element tile, so partial tiles run on both edges
+    local all = { "f32", "f64", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "i32", "i64", "u8", "bool" }
+    local function into(dd, shape, dev, view, src)
+      local d = al.empty(shape, { dtype = dd, device = dev })
+      local v = view(d)
+      v:copy_(src)
+      return v
+    end
+    local T23 = function(t) return t:transpose(2, 3) end
+    local P312 = function(t) return t:permute(3, 1, 2) end
+    for _, sd in ipairs(all) do
+      local xs
+      if sd:match("^i") or sd == "u8" or sd == "bool" then
+        fresh_seed()
+        xs = (al.randn({ 2, 67, 130 }, { dtype = "f64" }) * 1000):to(sd)
+      else
+        xs = wide_values({ 2, 67, 130 }, sd)
+      end
+      local xg = xs:cuda()
+      for _, dd in ipairs(all) do
+        local what = sd .. "->" .. dd
+        -- dst contiguous, src transposed in its two inner dims
+        same_bits(into(dd, { 2, 130, 67 }, "cpu", function(t) return t end, T23(xs)),
+          into(dd, { 2, 130, 67 }, "cuda", function(t) return t end, T23(xg)), what .. " src transposed")
+        -- src contiguous, dst a transposed view
+        same_bits(into(dd, { 2, 130, 67 }, "cpu", T23, xs), into(dd, { 2, 130, 67 }, "cuda", T23, xg),
+          what .. " dst transposed")
+        -- src permuted (3, 1, 2): dst's inner dim is src's middle one, the batch dim between
+        same_bits(into(dd, { 130, 2, 67 }, "cpu", function(t) return t end, P312(xs)),
+          into(dd, { 130, 2, 67 }, "cuda", function(t) return t end, P312(xg)), what .. " src permuted")
+      end
+    end
+  end)
+
   it("copies integer and bool dtypes bit-exactly (saturating, truncating)", function()
     if not need_gpu() then return end
     local all = { "f32", "f64", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "i32", "i64", "u8", "bool" }
@@ -382,5 +419,51 @@ describe("cuda #gpu", function()
     local ok, err = pcall(function() return al.cuda.Event():elapsed_time(al.cuda.Event()) end)
     assert.is_false(ok)
     assert.truthy(tostring(err):find("record", 1, true), tostring(err))
+  end)
+end)
+
+describe("cuda streams #gpu", function()
+  it("runs work on a user stream, orders streams with events, and restores the default", function()
+    if not al.cuda.available() then pending("no GPU") return end
+    assert.is_nil(al.cuda.current_stream())
+    local s1, s2 = al.cuda.Stream(), al.cuda.Stream()
+    al.manual_seed(99)
+    local x = al.randn({512, 512}, {device = "cuda"})
+    local y
+    al.cuda.with_stream(s1, function()
+      assert.equal(s1, al.cuda.current_stream())
+      y = al.matmul(x, x) -- queued on s1
+    end)
+    assert.is_nil(al.cuda.current_stream())
+    local done = al.cuda.Event():record(s1)
+    s2:wait_event(done)
+    local z
+    al.cuda.with_stream(s2, function() z = y * 2 end) -- ordered after s1's matmul by the event
+    s2:synchronize()
+    assert.is_true(s1:query() and s2:query())
+    local want = al.matmul(x:cpu(), x:cpu()) * 2
+    assert.is_true(al.allclose(z:cpu(), want, {atol = 1e-3, rtol = 1e-4}))
+    -- an error inside with_stream restores the previous stream
+    local ok = pcall(al.cuda.with_stream, s1, function() error("boom") end)
+    assert.is_false(ok)
+    assert.is_nil(al.cuda.current_stream())
+    -- a stream of another device is refused with a message
+    local okd, err = pcall(al.cuda.set_stream, nil, 7)
+    assert.is_false(okd)
+    assert.matches("cuda:7", err)
+  end)
+
+  it("pools freed blocks per stream: memory in use returns after work on two streams", function()
+    if not al.cuda.available() then pending("no GPU") return end
+    collectgarbage(); collectgarbage()
+    local before = al.memory().cuda[0].in_use
+    local s = al.cuda.Stream()
+    for _ = 1, 3 do
+      al.cuda.with_stream(s, function() local t = al.randn({1024, 1024}, {device = "cuda"}); local u = t + 1 end)
+      local v = al.randn({1024, 1024}, {device = "cuda"}) * 3
+    end
+    s:synchronize()
+    collectgarbage(); collectgarbage()
+    assert.equal(before, al.memory().cuda[0].in_use)
   end)
 end)
