@@ -99,21 +99,17 @@ static void version_str(size_t v, char *buf, size_t n) {
 }
 
 /* ---- handles ------------------------------------------------------------------------------------ */
-/* The per-device handle, created once and bound to the plugin's stream for that device (the stream
- * never changes). Called with g_lock held. */
+/* The per-device handle, created once, bound on every call to the calling thread's current stream
+ * (a cheap host-side setter; users may switch streams). Called with g_lock held. */
 static al_status get_handle(int32_t dev, cudnnHandle_t *out) {
     cudaStream_t stream;
     AL_TRY(al_cu_begin("attention (fused)", dev, &stream));
     if (!g_handle[dev]) {
         cudnnHandle_t h;
         AL_DNN_TRY(cudnnCreate(&h), "create handle");
-        cudnnStatus_t s = cudnnSetStream(h, stream);
-        if (s != CUDNN_STATUS_SUCCESS) {
-            cudnnDestroy(h);
-            return al_dnn_status(s, "set stream");
-        }
         g_handle[dev] = h;
     }
+    AL_DNN_TRY(cudnnSetStream(g_handle[dev], stream), "set stream");
     *out = g_handle[dev];
     return AL_OK;
 }
@@ -713,6 +709,12 @@ static void set_scalars(fz_call *c, const fz_entry *e) {
     c->ptr[U_LEFT_BOUND] = e->left_is_int ? (void *)&c->left_i : (void *)&c->left_f;
 }
 
+/* The caller's post_scale_bias (U_BIAS): an input of both graphs when the key has a bias. Its
+ * address already passed layout_problem() in supports(); its strides are part of the key. */
+static void bind_bias(fz_call *c) {
+    if (c->key.has_bias) c->ptr[U_BIAS] = elem_ptr(c->pl->in.bias);
+}
+
 static al_status run_entry(cudnnHandle_t handle, const fz_entry *e, fz_call *c, void *ws) {
     void *ptrs[AL_DNN_MAX_UIDS];
     for (int i = 0; i < e->nuids; i++) {
@@ -925,6 +927,7 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     if (s == AL_OK) {
         for (int r = R_Q; r <= R_O; r++) c->ptr[U_Q + r] = elem_ptr(c->t[r]);
         c->ptr[U_STATS] = elem_ptr(lse);
+        bind_bias(c);
         set_scalars(c, e);
         s = run_entry(handle, e, c, ws);
     }
@@ -1045,6 +1048,7 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
             c->ptr[uid_of[r]] = elem_ptr(c->t[r]);
         }
         c->ptr[U_STATS] = elem_ptr(lse);
+        bind_bias(c);   /* the backward graph re-reads the bias to rebuild the scores (dBias is U_DBIAS, above) */
         c->ptr[U_DQ_ACC] = acc;
         c->ptr[U_SOFTMAX_SUM] = ssum;
         set_scalars(c, e);
