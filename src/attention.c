@@ -87,6 +87,82 @@ static al_status check_float(const char *arg, const al_tensor *t) {
     return AL_OK;
 }
 
+static int is_fp8_dtype(int32_t d) { return d == AL_DTYPE_FP8_E4M3 || d == AL_DTYPE_FP8_E5M2; }
+
+/* q, k, v: high-precision floats, or (with FP8 settings) FP8 of the forward format. */
+static al_status check_qkv(const char *arg, const al_tensor *t, const al_attn_fp8 *f8) {
+    if (f8 && t && t->storage && is_fp8_dtype(t->dtype)) {
+        if (t->dtype != f8->fwd_format)
+            return al_error(AL_ERR_ARG, "attention: %s is %s but the FP8 forward format is %s", arg, al_dtype_name(t->dtype),
+                            al_dtype_name(f8->fwd_format) ? al_dtype_name(f8->fwd_format) : "unknown");
+        return AL_OK;
+    }
+    if (!f8 && t && t->storage && is_fp8_dtype(t->dtype))
+        return al_error(AL_ERR_ARG, "attention: %s is %s: FP8 inputs need FP8 settings (inputs.fp8, al.fp8 recipes)", arg,
+                        al_dtype_name(t->dtype));
+    return check_float(arg, t);
+}
+
+static const char *slot_name(int i) {
+    static const char *n[] = {"QKV", "S", "O", "dO", "dP", "dQKV"};
+    return i >= 0 && i < 6 ? n[i] : "?";
+}
+
+/* A per-token descale: f32 with shape t.shape[:-2], on t's device. */
+static al_status check_descale(const char *arg, const al_tensor *d, const al_tensor *t) {
+    char b1[96], b2[96];
+    AL_TRY(al_check_tensor("attention", arg, d));
+    int ok = d->dtype == AL_DTYPE_F32 && d->ndim == t->ndim - 2 && d->device_type == t->device_type &&
+             d->device_index == t->device_index;
+    for (int i = 0; ok && i < d->ndim; i++) ok = d->size[i] == t->size[i];
+    if (!ok)
+        return al_error(AL_ERR_ARG, "attention: fp8.%s must be f32 with the token dims of %s on its device, got %s", arg,
+                        al_tensor_describe(t, b1, sizeof b1), al_tensor_describe(d, b2, sizeof b2));
+    return AL_OK;
+}
+
+static al_status check_fp8(const al_attn_plan *pl) {
+    const al_attn_fp8 *f = pl->in.fp8;
+    if (!f) return AL_OK;
+    if (!is_fp8_dtype(f->fwd_format) || !is_fp8_dtype(f->bwd_format))
+        return al_error(AL_ERR_ARG, "attention: fp8.fwd_format and fp8.bwd_format must be fp8_e4m3 or fp8_e5m2, got codes %d and %d",
+                        f->fwd_format, f->bwd_format);
+    if (!al_dtype_is_float(f->out_dtype) || is_fp8_dtype(f->out_dtype))
+        return al_error(AL_ERR_ARG, "attention: fp8.out_dtype must be f32, f64, f16 or bf16, got code %d", f->out_dtype);
+    if (!isfinite(f->margin)) return al_error(AL_ERR_ARG, "attention: fp8.margin must be finite, got %g", f->margin);
+    for (int i = 0; i < 6; i++) {
+        if (!isfinite(f->scale[i]))
+            return al_error(AL_ERR_ARG, "attention: fp8.scale[%s] must be finite, got %g", slot_name(i), f->scale[i]);
+        if ((i == AL_FP8_SLOT_S || i == AL_FP8_SLOT_DP) && f->scale[i] == 0.0)
+            return al_error(AL_ERR_ARG, "attention: fp8.scale[%s] = 0 asks for current scaling, but %s is produced inside the "
+                            "kernel, so its scale must be given (delayed scaling, as in TE); use a value < 0 to leave it unquantised",
+                            slot_name(i), slot_name(i));
+    }
+    const al_tensor *q = pl->in.q;
+    if (is_fp8_dtype(q->dtype)) {
+        if (f->q_descale) AL_TRY(check_descale("q_descale", f->q_descale, q));
+        if (f->k_descale) AL_TRY(check_descale("k_descale", f->k_descale, pl->in.k));
+        if (f->v_descale) AL_TRY(check_descale("v_descale", f->v_descale, pl->in.v));
+        if ((!f->q_descale || !f->k_descale || !f->v_descale) && !(f->qkv_scale_inv > 0.0 && isfinite(f->qkv_scale_inv)))
+            return al_error(AL_ERR_ARG, "attention: FP8 q, k, v need fp8.qkv_scale_inv > 0 (or per-token descales), got %g",
+                            f->qkv_scale_inv);
+    } else if (f->q_descale || f->k_descale || f->v_descale) {
+        return al_error(AL_ERR_ARG, "attention: fp8.q_descale / k_descale / v_descale apply to FP8 q, k, v; got %s inputs",
+                        al_dtype_name(q->dtype));
+    }
+    return AL_OK;
+}
+
+AL_EXPORT void al_attn_fp8_init(al_attn_fp8 *f) {
+    if (!f) return;
+    memset(f, 0, sizeof *f);
+    f->fwd_format = AL_DTYPE_FP8_E4M3;
+    f->bwd_format = AL_DTYPE_FP8_E4M3;
+    f->out_dtype = AL_DTYPE_F32;
+    f->qkv_scale_inv = 1.0;
+    for (int i = 0; i < 6; i++) f->scale[i] = 1.0;
+}
+
 /* Read a cu_seqlens tensor: i32, 1-d, b+1 entries, monotone, starting at 0, last <= limit. */
 static al_status read_cu(const char *arg, const al_tensor *t, int64_t b, int64_t limit, const char *limit_what,
                          int64_t *vals) {
@@ -169,9 +245,9 @@ static al_status plan_build_inner(al_attn_plan *pl) {
     al_attn_params *p = &pl->p;
     const al_attn_inputs *in = &pl->in;
     char b1[96], b2[96];
-    AL_TRY(check_float("q (query_layer)", in->q));
-    AL_TRY(check_float("k (key_layer)", in->k));
-    AL_TRY(check_float("v (value_layer)", in->v));
+    AL_TRY(check_qkv("q (query_layer)", in->q, in->fp8));
+    AL_TRY(check_qkv("k (key_layer)", in->k, in->fp8));
+    AL_TRY(check_qkv("v (value_layer)", in->v, in->fp8));
     if (in->q->dtype != in->k->dtype || in->q->dtype != in->v->dtype)
         return al_error(AL_ERR_ARG, "attention: q, k and v must have one dtype, got %s, %s, %s",
                         al_dtype_name(in->q->dtype), al_dtype_name(in->k->dtype), al_dtype_name(in->v->dtype));
@@ -411,7 +487,8 @@ static al_status plan_build_inner(al_attn_plan *pl) {
                         p->bias_type == 0 ? "no_bias" : "alibi");
     }
     if (p->bias_type == AL_ATTN_BIAS_ALIBI) {
-        pl->alibi = malloc(sizeof(float) * (size_t)(b * h > 0 ? b * h : 1));
+        /* room for h default slopes even when b = 0 (al_attn_default_alibi_slopes writes h; found by fuzz_attn_args) */
+        pl->alibi = malloc(sizeof(float) * (size_t)((b > 1 ? b : 1) * (h > 0 ? h : 1)));
         if (!pl->alibi) return al_error(AL_ERR_OOM, "attention: out of memory");
         const al_tensor *s = in->alibi_slopes;
         if (s) {
@@ -422,7 +499,8 @@ static al_status plan_build_inner(al_attn_plan *pl) {
             if (!(s->ndim == 1 && s->size[0] == h) && !per_batch)
                 return al_error(AL_ERR_ARG, "attention: alibi_slopes must be [h] or [b, h] = [%lld] or [%lld, %lld], got %s",
                                 (long long)h, (long long)b, (long long)h, al_tensor_describe(s, b1, sizeof b1));
-            double *d = malloc(sizeof(double) * (size_t)(b * h));
+            /* [h] slopes are read whole even when b = 0 (a heap overflow before; found by fuzz_attn_args) */
+            double *d = malloc(sizeof(double) * (size_t)((b > 1 ? b : 1) * h));
             if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
             st = al_tensor_read_f64(s, d, per_batch ? b * h : h);
             if (st != AL_OK) { free(d); return al_error_prefix(st, "attention"); }
@@ -456,6 +534,7 @@ static al_status plan_build_inner(al_attn_plan *pl) {
             free(d);
         }
     }
+    AL_TRY(check_fp8(pl));
     if (p->softmax_scale == 0.0) p->softmax_scale = 1.0 / sqrt((double)dqk);
     if (!isfinite(p->softmax_scale))
         return al_error(AL_ERR_ARG, "attention: softmax_scale must be finite, got %g", p->softmax_scale);
@@ -481,7 +560,7 @@ static int32_t cpu_supports(const al_attn_plan *pl, char *reason, size_t n) {
     }
     return 1;
 }
-static const al_attn_backend cpu_backend = {"cpu", cpu_supports, al_cpu_attn_forward, al_cpu_attn_backward};
+static const al_attn_backend cpu_backend = {"cpu", cpu_supports, al_cpu_attn_forward, al_cpu_attn_backward, 1};
 
 enum { SLOT_FUSED, SLOT_FLASH, SLOT_UNFUSED, SLOT_CPU, NSLOTS };
 static const char *slot_names[NSLOTS] = {"fused", "flash", "unfused", "cpu"};
@@ -533,7 +612,15 @@ static al_status choose(const al_attn_plan *pl, const al_attn_backend **out, cha
         if (!be) snprintf(reason, sizeof reason, "not available: the CUDA plugin did not register it");
         else {
             reason[0] = 0;
-            ok = be->supports(pl, reason, sizeof reason) ? 1 : 0;
+            if (pl->in.fp8 && !be->fp8) {
+                /* FP8 plans go only to backends that judge them (the cpu backend emulates FP8 exactly) */
+                if (i == SLOT_FUSED) snprintf(reason, sizeof reason, "FP8 SDPA through cuDNN is not implemented yet");
+                else snprintf(reason, sizeof reason, "no FP8 path in the %s backend (the cpu backend emulates FP8 attention "
+                              "exactly: move the tensors to the CPU)", slot_names[i]);
+                ok = 0;
+            } else {
+                ok = be->supports(pl, reason, sizeof reason) ? 1 : 0;
+            }
         }
         if (forced >= 0 && i != forced) {
             EMIT("  %-8s %s%s\n", slot_names[i], ok ? "skipped: another backend is forced" : "no: ", ok ? "" : reason);
@@ -580,6 +667,25 @@ AL_EXPORT const char *al_attn_explain(const al_attn_params *p, const al_attn_inp
                  (long long)pl.p.skv, (long long)pl.p.d_qk, (long long)pl.p.d_v, mask_name(pl.p.mask_type),
                  (long long)pl.p.window_left, (long long)pl.p.window_right, pl.bottom_right ? " bottom_right" : "");
         used = strlen(buf);
+        const al_attn_fp8 *f = pl.in.fp8;
+        if (f) {
+            char sc[6][24];
+            for (int i = 0; i < 6; i++) {
+                if (i == AL_FP8_SLOT_QKV) snprintf(sc[i], sizeof sc[i], "%s", is_fp8_dtype(pl.in.q->dtype)
+                                                   ? (f->q_descale ? "per-token" : "given") : "upstream");
+                else if (i == AL_FP8_SLOT_O && f->o_per_token) snprintf(sc[i], sizeof sc[i], "per-token");
+                else if (f->scale[i] < 0) snprintf(sc[i], sizeof sc[i], "off");
+                else if (f->scale[i] == 0) snprintf(sc[i], sizeof sc[i], "current");
+                else snprintf(sc[i], sizeof sc[i], "%.6g", f->scale[i]);
+            }
+            snprintf(buf + used, (size_t)n - used,
+                     "fp8: emulated (quantise -> dequantise at every slot, %s compute), q/k/v %s, forward %s, backward %s, "
+                     "out %s; scales QKV=%s S=%s O=%s dO=%s dP=%s dQKV=%s; only the cpu backend runs FP8 attention\n",
+                     pl.p.compute_dtype == AL_DTYPE_F64 ? "f64" : "f32", al_dtype_name(pl.in.q->dtype),
+                     al_dtype_name(f->fwd_format), al_dtype_name(f->bwd_format), al_dtype_name(f->out_dtype), sc[0], sc[1],
+                     sc[2], sc[3], sc[4], sc[5]);
+            used = strlen(buf);
+        }
     }
     const al_attn_backend *be = NULL;
     al_status s = choose(&pl, &be, buf ? buf + used : NULL, buf ? (size_t)n - used : 0);

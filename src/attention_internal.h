@@ -55,6 +55,9 @@ typedef struct al_attn_backend {
     al_status (*backward)(const al_attn_plan *plan, const al_tensor *out, const al_tensor *dout,
                           const al_tensor *lse, al_tensor *dq, al_tensor *dk, al_tensor *dv,
                           al_tensor *dbias, al_tensor *d_softmax_offset);
+    /* 1 when supports() judges FP8 plans (in.fp8 != NULL) itself; 0 (the default of a positional
+     * initialiser) makes the front door decline FP8 plans for this backend with a fixed reason */
+    int32_t fp8;
 } al_attn_backend;
 
 /* Register a backend at a preference slot: "fused", "flash", "unfused" (GPU plugins) — the name

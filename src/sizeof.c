@@ -8,6 +8,9 @@
 int64_t al_sizeof(const char *type_name) {
     static const struct { const char *name; int64_t size; } rows[] = {
         {"al_tensor", (int64_t)sizeof(al_tensor)},
+        {"al_attn_params", (int64_t)sizeof(al_attn_params)},
+        {"al_attn_inputs", (int64_t)sizeof(al_attn_inputs)},
+        {"al_attn_fp8", (int64_t)sizeof(al_attn_fp8)},
     };
     if (!type_name) return -1;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)

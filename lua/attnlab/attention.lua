@@ -252,15 +252,36 @@ local function flatten(out, fmt_name)
   return out:view(fs)
 end
 
+-- FP8: the recipe that applies (fp8_recipe argument, the module's, or al.fp8.autocast's; false = none);
+-- quantises the QKV slot (combine_and_quantize for packed inputs) and points inp at the FP8 views.
+local function apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, dry)
+  local r = args.fp8_recipe
+  if r == nil and defaults then r = defaults.fp8_recipe end
+  local fp8 = package.loaded["attnlab.fp8"]
+  if r == nil and fp8 then r = fp8.active_recipe() end
+  if not r then return nil end
+  fp8 = fp8 or require "attnlab.fp8"
+  if not fp8.is_recipe(r) then error(fname .. ": fp8_recipe: expected an al.fp8 recipe, got " .. tostring(r), 4) end
+  local info = { mode = mode, qkv_layer = args.qkv_layer, kv_layer = args.kv_layer, dim = args.qkv_interleave_dim or -3,
+    fmt_name = fmt_name, combine = args.fp8_combine }
+  local q8, k8, v8, f, keep, post = fp8.prepare_forward(al, r, info, refs.q, refs.k, refs.v, dry)
+  inp.q, inp.k, inp.v = q8.raw, k8.raw, v8.raw
+  inp.fp8 = f
+  refs.q8, refs.k8, refs.v8, refs.fp8_keep, refs.fp8_struct = q8, k8, v8, keep, f
+  return { recipe = r, f = f, post = post, module = fp8 }
+end
+
 -- level: frames from M.forward up to the user's call
 function M.forward(al, args, defaults, level)
   local fname = "attention.forward"
   local p, inp, refs, layout, mode, fmt_name = build(al, fname, args, defaults, (level or 2) + 1)
+  local f8 = apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, false)
   local out, lse, ml = T.new(), T.new(), T.new()
   T.check(C.al_attn_forward(p, inp, out.raw, lse.raw, p.return_max_logit ~= 0 and ml.raw or nil), fname)
   T.after_alloc()
+  if f8 then out = f8.module.finish_forward(al, f8.recipe, f8.f, out, f8.post) end
   local ctx = { params = p, inputs = inp, refs = refs, layout = layout, mode = mode, qkv_format = fmt_name,
-    out = out, lse = lse, args = args,
+    out = out, lse = lse, args = args, fp8 = f8,
     qkv_interleave_dim = args.qkv_interleave_dim or -3 }
   local flat = flatten(out, fmt_name)
   if p.return_max_logit ~= 0 then
@@ -306,8 +327,11 @@ function M.backward(al, ctx, dout)
     grads.query_layer, grads.key_layer, grads.value_layer = dq, dk, dv
   end
   local db, doff = T.new(), T.new()
+  local f8, do_done = ctx.fp8, false
+  if f8 then d4, do_done = f8.module.prepare_backward(al, f8.recipe, f8.f, d4) end
   T.check(C.al_attn_backward(ctx.params, ctx.inputs, out.raw, d4.raw, ctx.lse.raw, dq.raw, dk.raw, dv.raw,
     db.raw, doff.raw), fname)
+  if f8 then f8.module.finish_backward(al, f8.recipe, f8.f, { dq, dk, dv }, do_done) end
   if db.raw.storage ~= nil then grads.core_attention_bias = db end
   if doff.raw.storage ~= nil then grads.softmax_offset = doff end
   return grads
@@ -315,10 +339,15 @@ end
 
 function M.explain(al, args, defaults, level)
   local fname = "attention.explain"
-  local p, inp, _, layout = build(al, fname, args, defaults, (level or 2) + 1)
+  local p, inp, refs, layout, mode, fmt_name = build(al, fname, args, defaults, (level or 2) + 1)
+  local f8 = apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, true)
   local buf = ffi.new("char[?]", 8192)
   local name = C.al_attn_explain(p, inp, buf, 8192)
   local text = "layout " .. tostring(layout) .. "\n" .. ffi.string(buf)
+  if f8 then
+    text = text .. "fp8 recipe: " .. tostring(f8.recipe) .. (mode ~= "separate" and f8.recipe.slots.qkv.mode ~= "mx" and
+      args.fp8_combine ~= false and " (packed " .. mode .. " buffer quantised in one pass: combine_and_quantize)\n" or "\n")
+  end
   if name == nil and text:find("error:", 1, true) == nil then
     text = text .. "error: " .. T.last_error() .. "\n"
   end

@@ -55,7 +55,7 @@ function M.install(al)
       window_size = cfg.window_size, bottom_right_diagonal = cfg.bottom_right_diagonal,
       softmax_scale = cfg.softmax_scale or 1 / math.sqrt(dqk), softmax_type = st,
       return_max_logit = cfg.return_max_logit or false, backend = cfg.backend, compute_dtype = cfg.compute_dtype,
-      train = true,
+      fp8_recipe = cfg.fp8_recipe, train = true,
     }, DPA)
     if st ~= "vanilla" then
       -- TE: a zeros buffer (off-by-one) or an nn.Parameter initialised to zeros (learnable), shape [h]
@@ -74,7 +74,7 @@ function M.install(al)
       attention_dropout = self.train and self.attention_dropout or 0, return_max_logit = self.return_max_logit,
       backend = self.backend, compute_dtype = self.compute_dtype,
       num_attention_heads = self.num_attention_heads, num_gqa_groups = self.num_gqa_groups,
-      kv_channels = self.kv_channels,
+      kv_channels = self.kv_channels, fp8_recipe = self.fp8_recipe,
     }
   end
 

@@ -62,12 +62,69 @@ al_status al_cpu_attn_backward(const al_attn_plan *pl, const al_tensor *out, con
         s = al_tensor_to(&lc, lse, ldt, AL_DEVICE_CPU, 0);
         l = s == AL_OK ? al_tensor_data_ptr(&lc) : NULL;
     }
+    /* FP8: dO is quantised -> dequantised into an f32 copy before the kernel; the kernel writes dq, dk,
+     * dv in f32 into temporaries, from which the dQKV slot (one scale over all three) is stored */
+    al_attn_fp8 *fx = pl->in.fp8;
+    al_attn_f8 f8 = {0};
+    al_tensor d8 = {0}, tg[3] = {{0}, {0}, {0}};
+    const al_tensor *kdout = dout;
+    al_tensor *kq = dq, *kk = dk, *kv = dv;
+    double p2 = 1.0;
+    if (s == AL_OK && fx) {
+        p2 = exp2(fx->margin);
+        s = al_attn_f8_setup(pl, &f8, nthr);
+        double am = 0.0, sdo = fx->scale[AL_FP8_SLOT_DO];
+        if (s == AL_OK) s = al_amax(dout, &am);
+        if (s == AL_OK) {
+            if (sdo == 0.0) sdo = al_fp8_current_scale(al_fp8_fmax(fx->bwd_format), am, p2);
+            fx->amax[AL_FP8_SLOT_DO] = am;
+            fx->scale_used[AL_FP8_SLOT_DO] = sdo;
+            s = al_tensor_empty(&d8, dout->ndim, dout->size, AL_DTYPE_F32, AL_DEVICE_CPU, 0);
+        }
+        if (s == AL_OK) {
+            float *w = (float *)al_tensor_data_ptr(&d8);
+            al_iter it;
+            const int64_t *strides[1] = {dout->stride};
+            al_iter_init(&it, dout->ndim, dout->size, 1, strides, &dout->offset);
+            const double inv = sdo > 0 ? 1.0 / sdo : 1.0;
+            for (int64_t i = 0; i < it.numel; i++, al_iter_next(&it)) {
+                double v = al_load_f64(dout->data, dout->dtype, it.off[0]);
+                w[i] = (float)(sdo < 0 ? v : al_attn_fq(fx->bwd_format, v, sdo, inv));
+            }
+            kdout = &d8;
+        }
+        const al_tensor *like[3] = {dq, dk, dv};
+        for (int t = 0; t < 3 && s == AL_OK; t++) {
+            s = al_tensor_empty(&tg[t], like[t]->ndim, like[t]->size, AL_DTYPE_F32, AL_DEVICE_CPU, 0);
+            if (s == AL_OK) s = al_tensor_fill_(&tg[t], 0.0);
+        }
+        kq = &tg[0]; kk = &tg[1]; kv = &tg[2];
+    }
     if (s == AL_OK) {
         int saved = al_attn_blas_single_begin();
-        s = p->compute_dtype == AL_DTYPE_F64 ? al_attn_bwd_f64(pl, out, dout, (const double *)l, dq, dk, dv, dbt, dbn, dot)
-                                             : al_attn_bwd_f32(pl, out, dout, (const float *)l, dq, dk, dv, dbt, dbn, dot);
+        const al_attn_f8 *f = fx ? &f8 : NULL;
+        s = p->compute_dtype == AL_DTYPE_F64 ? al_attn_bwd_f64(pl, out, kdout, (const double *)l, kq, kk, kv, dbt, dbn, dot, f)
+                                             : al_attn_bwd_f32(pl, out, kdout, (const float *)l, kq, kk, kv, dbt, dbn, dot, f);
         al_attn_blas_single_end(saved);
     }
+    if (fx && s == AL_OK) {
+        double am = 0.0, a;
+        for (int t = 0; t < 3 && s == AL_OK; t++) {
+            s = al_amax(&tg[t], &a);
+            am = al_attn_amax_upd(am, a);
+        }
+        double sg = fx->scale[AL_FP8_SLOT_DQKV];
+        if (sg == 0.0) sg = al_fp8_current_scale(al_fp8_fmax(fx->bwd_format), am, p2);
+        al_tensor *dst[3] = {dq, dk, dv};
+        for (int t = 0; t < 3 && s == AL_OK; t++) s = al_attn_f8_store(dst[t], &tg[t], fx->bwd_format, sg, 0, 1, p2);
+        fx->amax[AL_FP8_SLOT_DQKV] = am;
+        fx->scale_used[AL_FP8_SLOT_DQKV] = sg;
+        fx->amax[AL_FP8_SLOT_DP] = f8.sdP >= 0 ? al_attn_f8_amax(&f8, nthr, AL_FP8_SLOT_DP) : 0.0;
+        fx->scale_used[AL_FP8_SLOT_DP] = f8.sdP >= 0 ? f8.sdP : -1.0;
+    }
+    free(f8.amax_thr);
+    al_tensor_release(&d8);
+    for (int t = 0; t < 3; t++) al_tensor_release(&tg[t]);
     al_tensor_release(&lc);
     if (s == AL_OK && dbt) {
         for (int t = 1; t < nthr; t++)

@@ -18,7 +18,7 @@
 
 static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_tensor *dout, const REAL *lse,
                         al_tensor *dq, al_tensor *dk, al_tensor *dv, double *dbias_thr, int64_t dbias_n,
-                        double *doff_thr) {
+                        double *doff_thr, const al_attn_f8 *f8) {
     const al_attn_params *p = &pl->p;
     const int64_t B = p->b, H = p->h, HG = p->hg, SQ = p->sq, SKV = p->skv, DQK = p->d_qk, DV = p->d_v;
     const int64_t group = H / HG;
@@ -58,6 +58,7 @@ static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_t
         REAL Dr[AL_ATTN_BM], L[AL_ATTN_BM];
         double *dbt = dbias_thr ? dbias_thr + (size_t)tid * (size_t)dbias_n : NULL;
         double *dot = doff_thr ? doff_thr + (size_t)tid * (size_t)H : NULL;
+        double *am8 = f8 ? f8->amax_thr + (size_t)tid * 6 : NULL;
         if (!Kc || !Vc || !dKc || !dVc || !Q || !dQ || !dO || !P || !PD || !dP) {
 #pragma omp atomic write
             failed = 1;
@@ -70,8 +71,9 @@ static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_t
             for (int64_t j = 0; j < kvrows; j++) {
                 int64_t ko = ak.off + bb * ak.s_b + (pl->kv_start[bb] + j) * ak.s_row + hk * ak.s_h;
                 int64_t vo = av.off + bb * av.s_b + (pl->kv_start[bb] + j) * av.s_row + hk * av.s_h;
-                for (int64_t d = 0; d < DQK; d++) Kc[j * DQK + d] = (REAL)al_attn_ld(ak.base, ak.dtype, ko + d * ak.s_d);
-                for (int64_t d = 0; d < DV; d++) Vc[j * DV + d] = (REAL)al_attn_ld(av.base, av.dtype, vo + d * av.s_d);
+                const double kd8 = al_attn_f8_desc(f8, 1, bb, pl->kv_start[bb] + j), vd8 = al_attn_f8_desc(f8, 2, bb, pl->kv_start[bb] + j);
+                for (int64_t d = 0; d < DQK; d++) Kc[j * DQK + d] = (REAL)(al_attn_ld(ak.base, ak.dtype, ko + d * ak.s_d) * kd8);
+                for (int64_t d = 0; d < DV; d++) Vc[j * DV + d] = (REAL)(al_attn_ld(av.base, av.dtype, vo + d * av.s_d) * vd8);
             }
             memset(dKc, 0, sizeof(REAL) * (size_t)(kvrows * DQK));
             memset(dVc, 0, sizeof(REAL) * (size_t)(kvrows * DV));
@@ -86,7 +88,8 @@ static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_t
                         int64_t qo = aq.off + bb * aq.s_b + (pl->q_start[bb] + i) * aq.s_row + hh * aq.s_h;
                         int64_t oo = ao.off + bb * ao.s_b + (pl->q_start[bb] + i) * ao.s_row + hh * ao.s_h;
                         int64_t go = ado.off + bb * ado.s_b + (pl->q_start[bb] + i) * ado.s_row + hh * ado.s_h;
-                        for (int64_t d = 0; d < DQK; d++) Q[r * DQK + d] = (REAL)al_attn_ld(aq.base, aq.dtype, qo + d * aq.s_d);
+                        const double qd = al_attn_f8_desc(f8, 0, bb, pl->q_start[bb] + i);
+                        for (int64_t d = 0; d < DQK; d++) Q[r * DQK + d] = (REAL)(al_attn_ld(aq.base, aq.dtype, qo + d * aq.s_d) * qd);
                         double acc = 0;
                         for (int64_t d = 0; d < DV; d++) {
                             double g = al_attn_ld(ado.base, ado.dtype, go + d * ado.s_d);
@@ -133,6 +136,9 @@ static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_t
                                 }
                             }
                             (void)EXPSUM(s, bn, L[r]);   /* P = exp(s - lse) */
+                            if (f8 && f8->sS >= 0)       /* the S slot, exactly as the forward's P.V read it */
+                                for (int64_t c = 0; c < bn; c++)
+                                    s[c] = (REAL)al_attn_fq(f8->fwd, (double)s[c], f8->sS, f8->sS_inv);
                             if (dp > 0) {
                                 uint64_t base = (uint64_t)(((bb * H + hh) * SQ + i) * SKV + j0);
                                 for (int64_t c = 0; c < bn; c++) {
@@ -147,6 +153,11 @@ static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_t
                             const REAL dr = Dr[r];
 #pragma omp simd
                             for (int64_t c = 0; c < bn; c++) g[c] = s[c] * (g[c] - dr);   /* dS */
+                            if (f8 && f8->sdP >= 0)      /* the dP slot: the score gradient feeding dQ, dK */
+                                for (int64_t c = 0; c < bn; c++) {
+                                    am8[AL_FP8_SLOT_DP] = al_attn_amax_upd(am8[AL_FP8_SLOT_DP], (double)g[c]);
+                                    g[c] = (REAL)al_attn_fq(f8->bwd, (double)g[c], f8->sdP, f8->sdP_inv);
+                                }
                             if (dbt) {
                                 const double f = pre ? (double)scale : 1.0;
                                 for (int64_t c = 0; c < bn; c++)

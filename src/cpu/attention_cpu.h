@@ -11,6 +11,7 @@
 #include "attention_internal.h"
 #include "numeric/convert.h"
 #include "numeric/philox.h"
+#include "numeric/fp8_scale.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -250,6 +251,46 @@ static inline double al_attn_exp_sub_sum_f64(double *s, int64_t n, double mu) {
         sum += s[c];
     }
     return sum;
+}
+
+/* ---- FP8 emulation (al_attn_fp8, include/attnlab.h) ------------------------------------------------
+ * The kernels' view of an FP8 call: how q/k/v are read (FP8 codes times a scalar or per-token descale)
+ * and the in-kernel slots S and dP (scale, or off when < 0). NULL = no FP8: the kernels are unchanged.
+ * Each thread keeps its own amax per slot (amax_thr[tid * 6 + slot]), combined by the caller. */
+typedef struct al_attn_f8 {
+    int32_t fwd, bwd;             /* formats */
+    double qkv_dq;                /* scalar descale of FP8 q/k/v (1 for float inputs) */
+    const float *dsc[3];          /* per-token descales of q, k, v (element 0 of the view), or NULL */
+    int64_t ds_b[3], ds_r[3];     /* their batch and token strides */
+    double sS, sS_inv, sdP, sdP_inv;
+    double *amax_thr;             /* [nthreads * 6] */
+} al_attn_f8;
+
+/* Descale of token (b, row) of q (which = 0), k (1) or v (2). */
+static inline double al_attn_f8_desc(const al_attn_f8 *f, int which, int64_t b, int64_t row) {
+    if (!f) return 1.0;
+    const float *d = f->dsc[which];
+    if (!d) return f->qkv_dq;
+    return (double)d[b * f->ds_b[which] + row * f->ds_r[which]];
+}
+
+/* attention_fwd.c: fill f from plan->in.fp8 (allocates amax_thr: free it); combine one slot's per-thread
+ * amaxes; store a contiguous f32 tensor into dst through a quantise -> dequantise (see there). */
+al_status al_attn_f8_setup(const al_attn_plan *pl, al_attn_f8 *f, int nthr);
+double al_attn_f8_amax(const al_attn_f8 *f, int nthr, int slot);
+al_status al_attn_f8_store(al_tensor *dst, const al_tensor *src, int32_t fmt, double scale, int per_row, int64_t rowlen,
+                           double pow2m);
+
+/* quantise -> dequantise: decode(encode(v * s)) * inv */
+static inline double al_attn_fq(int32_t fmt, double v, double s, double inv) {
+    return al_fp8_decode(fmt, al_fp8_encode(fmt, v * s)) * inv;
+}
+/* NaN-propagating max of |v| into m */
+static inline double al_attn_amax_upd(double m, double v) {
+    double a = fabs(v);
+    if (m != m) return m;
+    if (a != a) return a;
+    return a > m ? a : m;
 }
 
 #endif /* ATTNLAB_CPU_ATTENTION_CPU_H */

@@ -15,7 +15,7 @@
 #define FWD_CAT(a, b) FWD_CAT2(a, b)
 #define FWD_FN FWD_CAT(al_attn_fwd_, SUF)
 
-static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse, float *maxlog_thr) {
+static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse, float *maxlog_thr, const al_attn_f8 *f8) {
     const al_attn_params *p = &pl->p;
     const int64_t B = p->b, H = p->h, HG = p->hg, SQ = p->sq, SKV = p->skv, DQK = p->d_qk, DV = p->d_v;
     const int64_t group = H / HG;
@@ -43,7 +43,8 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
         REAL *Q = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * DQK));
         REAL *S = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * AL_ATTN_BN));
         REAL *O = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * DV));
-        REAL m[AL_ATTN_BM], l[AL_ATTN_BM], raw[AL_ATTN_BM];
+        REAL m[AL_ATTN_BM], l[AL_ATTN_BM], raw[AL_ATTN_BM], L8[AL_ATTN_BM];
+        double *am8 = f8 ? f8->amax_thr + (size_t)tid * 6 : NULL;
         float *mthr = maxlog_thr ? maxlog_thr + (size_t)tid * (size_t)H : NULL;
         int64_t cb = -1, ch = -1;
         if (!Kc || !Vc || !Q || !S || !O) {
@@ -62,14 +63,16 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
                 for (int64_t j = 0; j < kvrows; j++) {
                     int64_t ko = ak.off + bb * ak.s_b + (pl->kv_start[bb] + j) * ak.s_row + hk * ak.s_h;
                     int64_t vo = av.off + bb * av.s_b + (pl->kv_start[bb] + j) * av.s_row + hk * av.s_h;
-                    for (int64_t d = 0; d < DQK; d++) Kc[j * DQK + d] = (REAL)al_attn_ld(ak.base, ak.dtype, ko + d * ak.s_d);
-                    for (int64_t d = 0; d < DV; d++) Vc[j * DV + d] = (REAL)al_attn_ld(av.base, av.dtype, vo + d * av.s_d);
+                    const double kd8 = al_attn_f8_desc(f8, 1, bb, pl->kv_start[bb] + j), vd8 = al_attn_f8_desc(f8, 2, bb, pl->kv_start[bb] + j);
+                    for (int64_t d = 0; d < DQK; d++) Kc[j * DQK + d] = (REAL)(al_attn_ld(ak.base, ak.dtype, ko + d * ak.s_d) * kd8);
+                    for (int64_t d = 0; d < DV; d++) Vc[j * DV + d] = (REAL)(al_attn_ld(av.base, av.dtype, vo + d * av.s_d) * vd8);
                 }
                 cb = bb; ch = hk;
             }
             for (int64_t r = 0; r < bm; r++) {
                 int64_t qo = aq.off + bb * aq.s_b + (pl->q_start[bb] + i0 + r) * aq.s_row + hh * aq.s_h;
-                for (int64_t d = 0; d < DQK; d++) Q[r * DQK + d] = (REAL)al_attn_ld(aq.base, aq.dtype, qo + d * aq.s_d);
+                const double qd = al_attn_f8_desc(f8, 0, bb, pl->q_start[bb] + i0 + r);
+                for (int64_t d = 0; d < DQK; d++) Q[r * DQK + d] = (REAL)(al_attn_ld(aq.base, aq.dtype, qo + d * aq.s_d) * qd);
             }
             const REAL sink = pl->softmax_offset ? (REAL)pl->softmax_offset[hh] : (REAL)0;
             for (int64_t r = 0; r < bm; r++) {
@@ -82,6 +85,16 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
             al_attn_kv_range(pl, bb, i0, bm, &jlo, &jhi);
             const float slope = alibi ? pl->alibi[bb * H + hh] : 0.0f;
             const int64_t diag = pl->diag[bb];
+            /* FP8: two passes over the keys. Pass 0 finds each row's max and sum (the LSE); pass 1
+             * forms the final softmax P = exp(s - lse), quantises -> dequantises it with the S scale
+             * (the S slot: P as the P.V GEMM reads it), then accumulates O = P V (already normalised). */
+            for (int pass = f8 ? 0 : 1; pass < 2; pass++) {
+            if (f8 && pass == 1) {
+                for (int64_t r = 0; r < bm; r++) {
+                    const REAL mu = m[r] == (REAL)-INFINITY ? (REAL)0 : m[r];
+                    L8[r] = l[r] > 0 ? (REAL)(mu + log(l[r])) : (REAL)INFINITY;   /* +inf: P = 0 */
+                }
+            }
             for (int64_t j0 = jlo; j0 < jhi; j0 += AL_ATTN_BN) {
                 const int64_t bn = jhi - j0 < AL_ATTN_BN ? jhi - j0 : AL_ATTN_BN;
                 /* S = scale * Q K^T (the scale rides on the GEMM's alpha) */
@@ -110,6 +123,21 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
                                 if (al_attn_masked(pl, bb, hh, i, j0 + c)) s[c] = (REAL)-INFINITY;
                         }
                     }
+                    if (f8 && pass == 1) {
+                        (void)EXPSUM(s, bn, L8[r]);
+                        if (f8->sS >= 0)
+                            for (int64_t c = 0; c < bn; c++) {
+                                am8[AL_FP8_SLOT_S] = al_attn_amax_upd(am8[AL_FP8_SLOT_S], (double)s[c]);
+                                s[c] = (REAL)al_attn_fq(f8->fwd, (double)s[c], f8->sS, f8->sS_inv);
+                            }
+                        if (dp > 0) {
+                            uint64_t base = (uint64_t)(((bb * H + hh) * SQ + i) * SKV + j0);
+                            for (int64_t c = 0; c < bn; c++)
+                                s[c] = al_philox_keep(p->dropout_seed, p->dropout_offset, base + (uint64_t)c, keep_prob)
+                                           ? s[c] * dscale : (REAL)0;
+                        }
+                        continue;
+                    }
                     const REAL mt = ROWMAX(s, bn);
                     if (mt > raw[r]) raw[r] = mt;
                     const REAL mnew = mt > m[r] ? mt : m[r];
@@ -122,22 +150,24 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
                         REAL *o = O + r * DV;
                         for (int64_t d = 0; d < DV; d++) o[d] *= alpha;
                     }
-                    if (dp > 0) {
+                    if (dp > 0 && !f8) {
                         uint64_t base = (uint64_t)(((bb * H + hh) * SQ + i) * SKV + j0);
                         for (int64_t c = 0; c < bn; c++)
                             s[c] = al_philox_keep(p->dropout_seed, p->dropout_offset, base + (uint64_t)c, keep_prob)
                                        ? s[c] * dscale : (REAL)0;
                     }
                 }
+                if (f8 && pass == 0) continue;   /* statistics only */
                 GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bm, (int)DV, (int)bn, (REAL)1, S, AL_ATTN_BN,
                      Vc + j0 * DV, (int)DV, (REAL)1, O, (int)DV);
+            }
             }
             for (int64_t r = 0; r < bm; r++) {
                 const int64_t i = i0 + r;
                 const int row_ok = !(pl->q_valid && !pl->q_valid[bb * SQ + i]);
                 REAL *lrow = lse + (bb * H + hh) * SQ;
                 if (!row_ok) { lrow[i] = (REAL)-INFINITY; continue; }   /* padded row: zero output */
-                const REAL inv = l[r] > 0 ? (REAL)1 / l[r] : (REAL)0;
+                const REAL inv = f8 ? (REAL)1 : l[r] > 0 ? (REAL)1 / l[r] : (REAL)0;   /* FP8: P was normalised */
                 const REAL mu = m[r] == (REAL)-INFINITY ? (REAL)0 : m[r];
                 lrow[i] = l[r] > 0 ? (REAL)(mu + log(l[r])) : (REAL)-INFINITY;
                 int64_t oo = ao.off + bb * ao.s_b + (pl->q_start[bb] + i) * ao.s_row + hh * ao.s_h;

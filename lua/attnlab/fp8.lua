@@ -1,0 +1,515 @@
+--[[
+attnlab.fp8 — FP8 quantisation and scaling recipes scripted in Lua (TransformerEngine's vocabulary).
+
+  local q8 = al.fp8.quantize(x, {format = "e4m3", scale = 16})   -- data (fp8 tensor), scale, scale_inv, format
+  local y  = q8:dequantize()                                        -- f32 (or :dequantize("bf16"))
+  al.fp8.amax(x)                                                    -- max |x| (NaN if any NaN)
+  local r = al.fp8.DelayedScaling{margin = 0, fp8_format = "HYBRID", amax_history_len = 16}
+  local out, ctx = al.attention.forward{qkv_layer = qkv, qkv_format = "bshd", fp8_recipe = r}
+  al.fp8.autocast(r, function() ... al.attention.forward{...} ... end)
+  r:state()   -- every slot's amax history and scale
+
+Slots (TE's roles): forward qkv (Q, K, V, one scale shared by all three), s (softmax output P, the
+input of P.V), o; backward do, dp (the score gradient feeding dQ, dK), dqkv (dq, dk, dv).
+Per slot the recipe says how its scale is found (slot.mode):
+  delayed  scale from the slot's amax history before the step (compute_algo over the history), then
+           the step's amax is appended: S and dP amaxes come from the kernel, so they are one step late
+  current  from this tensor's amax (QKV: the packed buffer's, in Lua; O, dO, dQKV: computed by the C
+           kernel, as TE's Float8CurrentScaling)
+  token    current scaling per token (one scale per (b, s) position over heads and head dim; QKV and O):
+           the causal-safe option (prefix-invariant: a token's scale depends only on that token)
+  mx       MXFP8 32-element blocks with E8M0 scales, along d (V along s unless v_block_dim = "d")
+  lua      a Recipe's own scale function, applied in Lua (current timing for O, dO, dQKV)
+S and dP are produced inside the kernel: they are always delayed (TE does the same).
+combine_and_quantize: given qkv_layer (or kv_layer), the packed buffer is quantised in one pass with
+the one QKV scale and q/k/v are select views of the FP8 buffer (bit-identical to quantising each view).
+]]
+local lffi = require "attnlab.ffi"
+local T = require "attnlab.tensor"
+local ffi, C = lffi.ffi, lffi.C
+
+local M = {}
+
+local E4M3, E5M2 = 4, 5
+local FORMAT = { e4m3 = E4M3, e5m2 = E5M2, fp8_e4m3 = E4M3, fp8_e5m2 = E5M2, E4M3 = E4M3, E5M2 = E5M2 }
+local FMT_NAME = { [E4M3] = "e4m3", [E5M2] = "e5m2" }
+local SLOTS = { "qkv", "s", "o", "do", "dp", "dqkv" }
+local SLOT_INDEX = { qkv = 0, s = 1, o = 2, ["do"] = 3, dp = 4, dqkv = 5 }
+local FORWARD = { qkv = true, s = true, o = true }
+M.SLOTS = SLOTS
+
+local function fmt_code(fname, f)
+  if f == nil then return E4M3 end
+  if type(f) == "number" and FMT_NAME[f] then return f end
+  local c = FORMAT[f]
+  if not c then error(fname .. ": format: expected 'e4m3' or 'e5m2', got " .. tostring(f), 3) end
+  return c
+end
+
+function M.fp8_max(format) return tonumber(C.al_fp8_max(fmt_code("fp8_max", format))) end
+
+---------------------------------------------------------------------------------------------------
+-- quantised tensors
+---------------------------------------------------------------------------------------------------
+local F8 = {}
+F8.__index = F8
+function F8:dequantize(dtype)
+  local out = T.new()
+  T.check(C.al_fp8_dequantize(out.raw, self.data.raw, self.scale_inv, T.parse_dtype(dtype or "f32", "dequantize")),
+    "fp8.dequantize")
+  return out
+end
+function F8:size(...) return self.data:size(...) end
+function F8:__tostring()
+  return string.format("al.fp8 tensor (%s, scale %.6g, shape [%s])", self.format, self.scale,
+    table.concat(self.data:size(), ","))
+end
+
+local function check_x(fname, x)
+  if not T.is_tensor(x) then error(fname .. ": x: expected a tensor, got " .. type(x), 3) end
+end
+
+function M.amax(x)
+  check_x("fp8.amax", x)
+  local r = ffi.new("double[1]")
+  T.check(C.al_amax(x.raw, r), "fp8.amax")
+  return r[0]
+end
+
+-- quantize(x, {format=, scale=}) ; scale defaults to current scaling fp8_max / amax / 2^margin.
+function M.quantize(x, opts)
+  check_x("fp8.quantize", x)
+  opts = opts or {}
+  local f = fmt_code("fp8.quantize", opts.format)
+  local scale = opts.scale
+  if scale == nil then
+    local a = M.amax(x)
+    scale = (a > 0 and a < math.huge) and tonumber(C.al_fp8_max(f)) / a / 2 ^ (opts.margin or 0) or 1
+  end
+  if type(scale) ~= "number" or not (scale > 0) or scale == math.huge then
+    error("fp8.quantize: scale: expected a finite number > 0, got " .. tostring(scale), 2)
+  end
+  local out = T.new()
+  T.check(C.al_fp8_quantize(out.raw, x.raw, f, scale), "fp8.quantize")
+  return setmetatable({ data = out, scale = scale, scale_inv = 1 / scale, format = FMT_NAME[f] }, F8)
+end
+
+-- Per-row current scaling: rows are the leading dims, row_dims trailing dims form one row.
+local R8 = {}
+R8.__index = R8
+function R8:dequantize(dtype)
+  local d = T.new()
+  T.check(C.al_fp8_dequantize(d.raw, self.data.raw, 1, 0), "fp8.dequantize")
+  local s = self.scale_inv
+  for _ = 1, self.row_dims do s = s:unsqueeze(-1) end
+  local r = d * s:expand_as(d)
+  return dtype and r:to(dtype) or r
+end
+function M.quantize_rows(x, opts)
+  check_x("fp8.quantize_rows", x)
+  opts = opts or {}
+  local f = fmt_code("fp8.quantize_rows", opts.format)
+  local rd = opts.row_dims or 1
+  local out, si = T.new(), T.new()
+  T.check(C.al_fp8_quantize_rows(out.raw, si.raw, x.raw, f, rd, opts.margin or 0), "fp8.quantize_rows")
+  return setmetatable({ data = out, scale_inv = si, row_dims = rd, format = FMT_NAME[f] }, R8)
+end
+
+-- MXFP8: 32-element blocks along dim (Lua dim: 1-based, negative from the end; default -1).
+local MX = {}
+MX.__index = MX
+function MX:dequantize(dtype)
+  local out = T.new()
+  T.check(C.al_mxfp8_dequantize(out.raw, self.data.raw, self.scales.raw, self.cdim, T.parse_dtype(dtype or "f32", "dequantize")),
+    "fp8.mxfp8_dequantize")
+  return out
+end
+function M.mxfp8_quantize(x, opts)
+  check_x("fp8.mxfp8_quantize", x)
+  opts = opts or {}
+  local f = fmt_code("fp8.mxfp8_quantize", opts.format)
+  local cdim = T.dim0(x, opts.dim or -1, "fp8.mxfp8_quantize")
+  local out, sc = T.new(), T.new()
+  T.check(C.al_mxfp8_quantize(out.raw, sc.raw, x.raw, f, cdim), "fp8.mxfp8_quantize")
+  return setmetatable({ data = out, scales = sc, cdim = cdim, dim = cdim + 1, format = FMT_NAME[f] }, MX)
+end
+
+---------------------------------------------------------------------------------------------------
+-- recipes
+---------------------------------------------------------------------------------------------------
+local Recipe = {}
+Recipe.__index = Recipe
+M.RecipeClass = Recipe
+
+local function algo_fn(fname, a)
+  if a == nil or a == "max" then
+    return function(h) local m = 0 for i = 1, #h do if h[i] ~= h[i] then return h[i] end if h[i] > m then m = h[i] end end return m end
+  elseif a == "most_recent" then
+    return function(h) return h[#h] or 0 end
+  elseif type(a) == "function" then
+    return a
+  end
+  error(fname .. ": amax_compute_algo: expected 'max', 'most_recent' or a function(history), got " .. tostring(a), 3)
+end
+
+local function formats(fname, ff)
+  ff = ff or "HYBRID"
+  if ff == "HYBRID" then return E4M3, E5M2 end
+  if ff == "E4M3" then return E4M3, E4M3 end
+  if ff == "E5M2" then return E5M2, E5M2 end
+  error(fname .. ": fp8_format: expected 'HYBRID', 'E4M3' or 'E5M2', got " .. tostring(ff), 3)
+end
+
+-- cfg.modes[slot] = mode; cfg.history_len[slot]; cfg.algo[slot]
+local function new_recipe(kind, fname, cfg, modes, hist, algos)
+  local fwd, bwd = formats(fname, cfg.fp8_format)
+  local margin = cfg.margin or 0
+  if type(margin) ~= "number" then error(fname .. ": margin: expected a number, got " .. tostring(margin), 3) end
+  local r = setmetatable({ kind = kind, fp8_format = cfg.fp8_format or "HYBRID", margin = margin,
+    fwd_format = fwd, bwd_format = bwd, slots = {}, steps = 0, config = cfg }, Recipe)
+  for _, s in ipairs(SLOTS) do
+    local n = hist[s]
+    if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
+      error(fname .. ": amax_history_len: expected an integer >= 1, got " .. tostring(n), 3)
+    end
+    r.slots[s] = { name = s, mode = modes[s], history_len = n, algo = algos[s], amax_history = {}, scale = 1.0,
+      format = FMT_NAME[FORWARD[s] and fwd or bwd] }
+  end
+  return r
+end
+
+function Recipe:fmax(slot) return tonumber(C.al_fp8_max(FORMAT[self.slots[slot].format])) end
+
+-- The scale a slot uses for its next quantisation (delayed slots), or from a current amax.
+function Recipe:compute_scale(slot, amax)
+  local st = self.slots[slot]
+  if self.scale_fn then
+    local r = self.scale_fn(slot, amax ~= nil and { amax } or st.amax_history, self:fmax(slot), st)
+    if type(r) ~= "number" or not (r > 0) or r == math.huge then
+      error("fp8.Recipe: scale function returned " .. tostring(r) .. " for slot " .. slot .. " (expected a finite number > 0)", 0)
+    end
+    return r
+  end
+  local a = amax
+  if a == nil then a = st.algo(st.amax_history) end
+  if a ~= a or not (a > 0) or a == math.huge then return amax ~= nil and 1.0 or st.scale end  -- nothing to measure
+  return self:fmax(slot) / a / 2 ^ self.margin
+end
+
+-- Append a step's amax to a slot's history (rolling) and update its delayed scale (TE: after the step).
+function Recipe:record(slot, amax)
+  local st = self.slots[slot]
+  local h = st.amax_history
+  h[#h + 1] = amax
+  while #h > st.history_len do table.remove(h, 1) end
+  st.last_amax = amax
+  if st.mode == "delayed" then st.scale = self:compute_scale(slot) end
+end
+
+function Recipe:state()
+  local t = {}
+  for _, s in ipairs(SLOTS) do
+    local st = self.slots[s]
+    local h = {}
+    for i, v in ipairs(st.amax_history) do h[i] = v end
+    t[s] = { mode = st.mode, format = st.format, amax_history = h, scale = st.scale, scale_inv = 1 / st.scale,
+      last_amax = st.last_amax, last_scale = st.last_scale }
+  end
+  t.steps = self.steps
+  return t
+end
+
+function Recipe:reset()
+  for _, s in ipairs(SLOTS) do self.slots[s].amax_history = {}; self.slots[s].scale = 1.0 end
+  self.steps = 0
+end
+
+-- A deep copy (same settings and state): lets two runs start from one state (prefix tests, A/B).
+function Recipe:clone()
+  local c = setmetatable({}, Recipe)
+  for k, v in pairs(self) do c[k] = v end
+  c.slots = {}
+  for s, st in pairs(self.slots) do
+    local n = {}
+    for k, v in pairs(st) do n[k] = v end
+    n.amax_history = {}
+    for i, v in ipairs(st.amax_history) do n.amax_history[i] = v end
+    c.slots[s] = n
+  end
+  return c
+end
+
+function Recipe:__tostring()
+  local parts = {}
+  for _, s in ipairs(SLOTS) do parts[#parts + 1] = s .. "=" .. self.slots[s].mode end
+  return string.format("al.fp8.%s(%s, margin=%g; %s)", self.kind, self.fp8_format, self.margin, table.concat(parts, " "))
+end
+
+local function all(v) local t = {} for _, s in ipairs(SLOTS) do t[s] = v end return t end
+
+function M.DelayedScaling(cfg)
+  cfg = cfg or {}
+  local fname = "fp8.DelayedScaling"
+  local algo = algo_fn(fname, cfg.amax_compute_algo)
+  return new_recipe("DelayedScaling", fname, cfg, all("delayed"), all(cfg.amax_history_len or 1024), all(algo))
+end
+
+-- Float8CurrentScaling: QKV, O, dO, dQKV current; S and dP delayed (history len 1, most_recent: TE's
+-- NVTE_DPA_FP8DS_* defaults). granularity = "token" (or causal_safe = true): QKV and O per token.
+function M.CurrentScaling(cfg)
+  cfg = cfg or {}
+  local fname = "fp8.CurrentScaling"
+  local g = cfg.granularity or (cfg.causal_safe and "token" or "tensor")
+  if g ~= "tensor" and g ~= "token" then error(fname .. ": granularity: expected 'tensor' or 'token', got " .. tostring(g), 2) end
+  local cur = g == "token" and "token" or "current"
+  local modes = { qkv = cur, s = "delayed", o = cur, ["do"] = "current", dp = "delayed", dqkv = "current" }
+  local hl = cfg.ds_amax_history_len or 1
+  local r = new_recipe("CurrentScaling", fname, cfg, modes, all(hl),
+    all(algo_fn(fname, cfg.ds_amax_compute_algo or "most_recent")))
+  r.granularity = g
+  return r
+end
+
+-- MXFP8BlockScaling (E4M3 by default): QKV, O, dO, dQKV in 32-blocks along d with E8M0 scales
+-- (V along s, as TE's columnwise V for P.V, unless v_block_dim = "d"); S and dP delayed.
+function M.MXFP8BlockScaling(cfg)
+  cfg = cfg or {}
+  local fname = "fp8.MXFP8BlockScaling"
+  cfg.fp8_format = cfg.fp8_format or "E4M3"
+  local vb = cfg.v_block_dim or "s"
+  if vb ~= "s" and vb ~= "d" then error(fname .. ": v_block_dim: expected 's' or 'd', got " .. tostring(vb), 2) end
+  local modes = { qkv = "mx", s = "delayed", o = "mx", ["do"] = "mx", dp = "delayed", dqkv = "mx" }
+  local r = new_recipe("MXFP8BlockScaling", fname, cfg, modes, all(cfg.ds_amax_history_len or 1),
+    all(algo_fn(fname, cfg.ds_amax_compute_algo or "most_recent")))
+  r.v_block_dim = vb
+  return r
+end
+
+-- A recipe written in Lua: scale(slot, amaxes, fp8_max, slot_state) -> scale, where amaxes is the slot's
+-- history (delayed) or {amax of the tensor now} (current). timing = {qkv = "current", o = "current",
+-- default = "delayed"}; S and dP must be delayed.
+function M.Recipe(cfg)
+  local fname = "fp8.Recipe"
+  if type(cfg) ~= "table" then error(fname .. ": expected a table of settings, got " .. type(cfg), 2) end
+  if cfg.scale ~= nil and type(cfg.scale) ~= "function" then
+    error(fname .. ": scale: expected a function(slot, amaxes, fp8_max, state), got " .. type(cfg.scale), 2)
+  end
+  local timing = cfg.timing or {}
+  local modes = {}
+  for _, s in ipairs(SLOTS) do
+    local t = timing[s] or timing.default or "delayed"
+    if t ~= "delayed" and t ~= "current" then error(fname .. ": timing." .. s .. ": expected 'delayed' or 'current', got " .. tostring(t), 2) end
+    if t == "current" and (s == "s" or s == "dp") then
+      error(fname .. ": timing." .. s .. ": S and dP are produced inside the kernel, so they can only be 'delayed'", 2)
+    end
+    modes[s] = t == "delayed" and "delayed" or (s == "qkv" and "current" or "lua")
+  end
+  local r = new_recipe("Recipe", fname, cfg, modes, all(cfg.amax_history_len or 16), all(algo_fn(fname, cfg.amax_compute_algo)))
+  r.scale_fn = cfg.scale
+  r.name = cfg.name
+  return r
+end
+
+function M.is_recipe(x) return getmetatable(x) == Recipe end
+
+---------------------------------------------------------------------------------------------------
+-- autocast
+---------------------------------------------------------------------------------------------------
+local active = nil
+function M.autocast(r, fn)
+  if r ~= nil and not M.is_recipe(r) then error("fp8.autocast: expected a recipe (al.fp8.DelayedScaling{...}, ...), got " .. tostring(r), 2) end
+  if type(fn) ~= "function" then error("fp8.autocast: expected a function as the second argument, got " .. type(fn), 2) end
+  local prev = active
+  active = r
+  local res = { n = 0 }
+  local function pack(...) res = { n = select("#", ...), ... } end
+  pack(pcall(fn))
+  active = prev
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+function M.active_recipe() return active end
+
+---------------------------------------------------------------------------------------------------
+-- the attention hooks (attention.lua calls these when a recipe applies)
+---------------------------------------------------------------------------------------------------
+local function fake_mx(x, dim, fmt)
+  local q = M.mxfp8_quantize(x, { format = FMT_NAME[fmt], dim = dim })
+  return q:dequantize("f32")
+end
+
+-- Quantise the inputs for the QKV slot and fill the al_attn_fp8 struct. info: {mode=, qkv_layer=,
+-- kv_layer=, dim=, fmt_name=, combine=}; q, k, v the (unpacked) views. dry: do not record.
+-- Returns q8, k8, v8, f (cdata), keep (refs to keep alive), post (data for finish_forward).
+function M.prepare_forward(al, r, info, q, k, v, dry)
+  local f = ffi.new("al_attn_fp8")
+  C.al_attn_fp8_init(f)
+  f.fwd_format, f.bwd_format = r.fwd_format, r.bwd_format
+  f.margin = r.margin
+  local in_dtype = q:dtype()
+  f.out_dtype = T.parse_dtype(in_dtype)
+  local keep = {}
+  local sq = r.slots.qkv
+  local fmt = r.fwd_format
+  local q8, k8, v8
+  local amax
+  local combine = info.combine ~= false
+  local dim = info.dim or -3
+  if sq.mode == "mx" then
+    -- MXFP8: Q, K along d; V along s (the token dim) unless v_block_dim = "d"; read as f32 by the kernel
+    local tokdim = info.fmt_name == "sbhd" and 1 or (info.fmt_name == "bshd" and 2 or 1)
+    q8, k8 = fake_mx(q, -1, fmt), fake_mx(k, -1, fmt)
+    v8 = fake_mx(v, r.v_block_dim == "d" and -1 or tokdim, fmt)
+    amax = math.max(M.amax(q), M.amax(k), M.amax(v))
+    sq.last_scale = nil
+  elseif sq.mode == "token" then
+    -- one scale per token: packed qkv rows are (3, h, d) (q, k, v of a token share it); kv rows (2, h, d)
+    local function rows(x, nd) return M.quantize_rows(x, { format = FMT_NAME[fmt], row_dims = nd, margin = r.margin }) end
+    if info.mode == "qkv" then
+      local p = rows(info.qkv_layer, 3)
+      q8, k8, v8 = p.data:select(dim, 1), p.data:select(dim, 2), p.data:select(dim, 3)
+      f.q_descale, f.k_descale, f.v_descale = p.scale_inv.raw, p.scale_inv.raw, p.scale_inv.raw
+      keep[#keep + 1] = p
+    else
+      local pq = rows(q, 2)
+      q8 = pq.data
+      f.q_descale = pq.scale_inv.raw
+      keep[#keep + 1] = pq
+      if info.mode == "kv" then
+        local p = rows(info.kv_layer, 3)
+        k8, v8 = p.data:select(dim, 1), p.data:select(dim, 2)
+        f.k_descale, f.v_descale = p.scale_inv.raw, p.scale_inv.raw
+        keep[#keep + 1] = p
+      else
+        local pk, pv = rows(k, 2), rows(v, 2)
+        k8, v8 = pk.data, pv.data
+        f.k_descale, f.v_descale = pk.scale_inv.raw, pv.scale_inv.raw
+        keep[#keep + 1] = pk
+        keep[#keep + 1] = pv
+      end
+    end
+    amax = math.max(M.amax(q), M.amax(k), M.amax(v))
+    sq.last_scale = 0
+  else
+    -- one scale for Q, K and V (TE: DS/CS quantise q, k, v as one tensor)
+    local packed = info.mode == "qkv" and info.qkv_layer or nil
+    if packed and combine then amax = M.amax(packed)
+    elseif info.mode == "kv" and combine then amax = math.max(M.amax(q), M.amax(info.kv_layer))
+    else amax = math.max(M.amax(q), M.amax(k), M.amax(v)) end
+    local scale
+    if sq.mode == "delayed" then scale = sq.scale
+    else scale = r:compute_scale("qkv", amax) end
+    local function quant(x) return M.quantize(x, { format = FMT_NAME[fmt], scale = scale }).data end
+    if packed and combine then
+      local p8 = quant(packed)   -- combine_and_quantize: one pass over the caller's buffer
+      q8, k8, v8 = p8:select(dim, 1), p8:select(dim, 2), p8:select(dim, 3)
+    elseif info.mode == "kv" and combine then
+      local p8 = quant(info.kv_layer)
+      q8, k8, v8 = quant(q), p8:select(dim, 1), p8:select(dim, 2)
+    else
+      q8, k8, v8 = quant(q), quant(k), quant(v)
+    end
+    f.qkv_scale_inv = 1 / scale
+    f.scale[0] = scale
+    sq.last_scale = scale
+  end
+  -- S (always delayed), O
+  f.scale[1] = r.slots.s.scale
+  local mo = r.slots.o.mode
+  if mo == "delayed" then f.scale[2] = r.slots.o.scale
+  elseif mo == "current" then f.scale[2] = 0
+  elseif mo == "token" then f.scale[2] = 0; f.o_per_token = 1
+  else f.scale[2] = -1; f.out_dtype = 0 end   -- lua / mx: quantised in finish_forward from f32
+  -- backward slots as they stand now (prepare_backward sets them again before the backward runs)
+  for i, s in pairs({ [3] = "do", [4] = "dp", [5] = "dqkv" }) do
+    local m = r.slots[s].mode
+    f.scale[i] = m == "delayed" and r.slots[s].scale or (m == "current" and 0 or -1)
+  end
+  if not dry then r:record("qkv", amax) end
+  return q8, k8, v8, f, keep, { in_dtype = in_dtype, qkv_amax = amax }
+end
+
+-- After the C forward: record S and O, apply Lua-side O quantisation. Returns the output (4-d).
+function M.finish_forward(al, r, f, out, post, info)
+  r.slots.s.last_scale = f.scale_used[1]
+  r:record("s", f.amax[1])
+  local mo = r.slots.o.mode
+  if mo == "lua" or mo == "mx" then
+    local a = M.amax(out)
+    if mo == "mx" then out = fake_mx(out, -1, r.fwd_format):to(post.in_dtype)
+    else
+      local sc = r:compute_scale("o", a)
+      r.slots.o.last_scale = sc
+      out = M.quantize(out, { format = r.slots.o.format, scale = sc }):dequantize(post.in_dtype)
+    end
+    r:record("o", a)
+  else
+    r.slots.o.last_scale = f.scale_used[2]
+    r:record("o", f.amax[2])
+  end
+  r.steps = r.steps + 1
+  return out
+end
+
+-- Before the C backward: scales of dO, dP, dQKV; Lua-side dO quantisation. Returns dout to pass.
+function M.prepare_backward(al, r, f, dout)
+  f.scale[4] = r.slots.dp.scale
+  local function cslot(i, s)
+    local m = r.slots[s].mode
+    if m == "delayed" then f.scale[i] = r.slots[s].scale
+    elseif m == "current" then f.scale[i] = 0
+    else f.scale[i] = -1 end
+  end
+  cslot(3, "do")
+  cslot(5, "dqkv")
+  local m = r.slots["do"].mode
+  if m == "lua" or m == "mx" then
+    local a = M.amax(dout)
+    local d
+    if m == "mx" then d = fake_mx(dout, -1, r.bwd_format)
+    else
+      local sc = r:compute_scale("do", a)
+      r.slots["do"].last_scale = sc
+      d = M.quantize(dout, { format = r.slots["do"].format, scale = sc }):dequantize("f32")
+    end
+    r:record("do", a)
+    return d:to(dout:dtype()), true
+  end
+  return dout, false
+end
+
+-- After the C backward: record, apply Lua-side dQKV quantisation to the gradient tensors in place.
+function M.finish_backward(al, r, f, grads_list, do_done)
+  if not do_done then
+    r.slots["do"].last_scale = f.scale_used[3]
+    r:record("do", f.amax[3])
+  end
+  r.slots.dp.last_scale = f.scale_used[4]
+  r:record("dp", f.amax[4])
+  local m = r.slots.dqkv.mode
+  if m == "lua" or m == "mx" then
+    local a = 0
+    for _, g in ipairs(grads_list) do local x = M.amax(g) if x ~= x or x > a then a = x end end
+    local sc = m == "lua" and r:compute_scale("dqkv", a) or nil
+    for _, g in ipairs(grads_list) do
+      local y
+      if m == "mx" then y = fake_mx(g, -1, r.bwd_format)
+      else y = M.quantize(g, { format = r.slots.dqkv.format, scale = sc }):dequantize("f32") end
+      g:copy_(y)
+    end
+    r.slots.dqkv.last_scale = sc
+    r:record("dqkv", a)
+  else
+    r.slots.dqkv.last_scale = f.scale_used[5]
+    r:record("dqkv", f.amax[5])
+  end
+end
+
+function M.install(al)
+  al.fp8 = al.fp8 or {}
+  for k, v in pairs(M) do
+    if k ~= "install" then al.fp8[k] = v end
+  end
+end
+
+return M

@@ -1,0 +1,235 @@
+/*
+ * cuda/fp8.cu — FP8 quantisation kernels of the plugin table (cuda_plugin.h, "FP8" block), the GPU
+ * side of src/fp8.c and bit-identical to it: every code is numeric/fp8_scale.h's al_fp8_encode of the
+ * double x * scale, every decode is exact, scales follow the same double arithmetic.
+ *
+ *   amax              grid-stride, per-thread max |x| (float for f32/f16/bf16/fp8, double for f64),
+ *                     block reduction (warp shuffles, shared memory), one partial per block, then one
+ *                     block combines the partials; NaN-propagating; the result comes back synchronously
+ *   fp8_quantize      grid-stride, one element per iteration, x through its strides, out contiguous
+ *   fp8_dequantize    the reverse; stored through al_st_f64 (the CPU's al_store_f64 rounding)
+ *   fp8_quantize_rows one block per row (grid-stride over rows): block amax, scale, then the row
+ *   mxfp8_*           one thread per 32-element block
+ */
+#include "cuda/cuda_internal.h"
+#include "numeric/fp8_scale.h"
+
+/* ---- NaN-propagating max of |x| ------------------------------------------------------------------ */
+template <typename C> static __device__ __forceinline__ C al_amax_comb(C m, C a) {
+    if (m != m) return m;
+    if (a != a) return a;
+    return a > m ? a : m;
+}
+
+template <typename C> static __device__ __forceinline__ C al_block_amax(C v, C *sh) {
+    for (int o = 16; o > 0; o >>= 1) v = al_amax_comb<C>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int nw = blockDim.x / 32, lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : (C)0;
+    for (int o = 16; o > 0; o >>= 1) v = al_amax_comb<C>(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <typename C>
+__global__ void __launch_bounds__(AL_CU_THREADS) al_amax_kernel(al_td x, int64_t n, double *partial) {
+    __shared__ C sh[32];
+    C m = (C)0;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        C v = al_ld<C>(x.data, x.dtype, al_td_off1(i, x));
+        m = al_amax_comb<C>(m, v < (C)0 ? -v : v);
+    }
+    m = al_block_amax<C>(m, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = (double)m;
+}
+
+__global__ void __launch_bounds__(AL_CU_THREADS) al_amax_final_kernel(const double *partial, int64_t n, double *res) {
+    __shared__ double sh[32];
+    double m = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = al_amax_comb<double>(m, partial[i]);
+    m = al_block_amax<double>(m, sh);
+    if (threadIdx.x == 0) *res = m;
+}
+
+static al_status cu_amax(const al_tensor *x, double *amax) {
+    cudaStream_t s;
+    const int32_t dev = x->device_index;
+    AL_TRY(al_cu_begin("amax", dev, &s));
+    al_td t = al_td_from(x);
+    int64_t n = al_td_numel(&t);
+    al_td_coalesce(1, &t);
+    unsigned grid = al_cu_grid(dev, n);
+    int64_t nbytes = (int64_t)sizeof(double) * ((int64_t)grid + 1);
+    double *buf = NULL;
+    AL_TRY(al_cu_malloc(dev, nbytes, (void **)&buf));
+    al_status st;
+    if (al_td_wide(x->dtype)) al_amax_kernel<double><<<grid, AL_CU_THREADS, 0, s>>>(t, n, buf);
+    else al_amax_kernel<float><<<grid, AL_CU_THREADS, 0, s>>>(t, n, buf);
+    st = AL_CUDA_ST(cudaGetLastError());
+    if (st == AL_OK) {
+        al_amax_final_kernel<<<1, AL_CU_THREADS, 0, s>>>(buf, (int64_t)grid, buf + grid);
+        st = AL_CUDA_ST(cudaGetLastError());
+    }
+    if (st == AL_OK) st = al_cu_memcpy_d2h(dev, amax, buf + grid, sizeof(double));
+    al_cu_free(dev, buf, nbytes);
+    return st;
+}
+
+/* ---- per-tensor quantise / dequantise ------------------------------------------------------------- */
+__global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_kernel(uint8_t *out, al_td x, int64_t n, int32_t fmt,
+                                                                    double scale) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = al_fp8_encode(fmt, al_ld_f64(x.data, x.dtype, al_td_off1(i, x)) * scale);
+}
+
+__global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_dequant_kernel(char *out, int32_t dt, al_td q, int64_t n,
+                                                                      double scale_inv) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const uint8_t *b = (const uint8_t *)q.data;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        al_st_f64(out, dt, i, al_fp8_decode(q.dtype, b[al_td_off1(i, q)]) * scale_inv);
+}
+
+static al_status cu_quantize(al_tensor *out, const al_tensor *x, double scale) {
+    cudaStream_t s;
+    const int32_t dev = x->device_index;
+    AL_TRY(al_cu_begin("fp8_quantize", dev, &s));
+    al_td t = al_td_from(x);
+    int64_t n = al_td_numel(&t);
+    al_td_coalesce(1, &t);
+    al_fp8_quant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>((uint8_t *)al_tensor_data_ptr(out), t, n, out->dtype,
+                                                                     scale);
+    AL_CUDA_LAUNCHED();
+    return AL_OK;
+}
+
+static al_status cu_dequantize(al_tensor *out, const al_tensor *q, double scale_inv) {
+    cudaStream_t s;
+    const int32_t dev = q->device_index;
+    AL_TRY(al_cu_begin("fp8_dequantize", dev, &s));
+    al_td t = al_td_from(q);
+    int64_t n = al_td_numel(&t);
+    al_td_coalesce(1, &t);
+    al_fp8_dequant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>((char *)al_tensor_data_ptr(out), out->dtype, t, n,
+                                                                       scale_inv);
+    AL_CUDA_LAUNCHED();
+    return AL_OK;
+}
+
+/* ---- per-row current scaling --------------------------------------------------------------------- */
+__global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_rows_kernel(uint8_t *out, float *sinv, al_td x, int64_t rows,
+                                                                   int64_t rowlen, int32_t fmt, double p2) {
+    __shared__ double sh[32];
+    const double fmax = al_fp8_fmax(fmt);
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        double m = 0.0;
+        for (int64_t k = threadIdx.x; k < rowlen; k += blockDim.x) {
+            double v = al_ld_f64(x.data, x.dtype, al_td_off1(r * rowlen + k, x));
+            m = al_amax_comb<double>(m, v < 0.0 ? -v : v);
+        }
+        m = al_block_amax<double>(m, sh);
+        const double scale = al_fp8_current_scale(fmax, m, p2);
+        if (threadIdx.x == 0) sinv[r] = (float)(1.0 / scale);
+        for (int64_t k = threadIdx.x; k < rowlen; k += blockDim.x) {
+            int64_t i = r * rowlen + k;
+            out[i] = al_fp8_encode(fmt, al_ld_f64(x.data, x.dtype, al_td_off1(i, x)) * scale);
+        }
+    }
+}
+
+static al_status cu_quantize_rows(al_tensor *out, al_tensor *scale_inv, const al_tensor *x, int32_t row_dims, double p2) {
+    cudaStream_t s;
+    const int32_t dev = x->device_index;
+    AL_TRY(al_cu_begin("fp8_quantize_rows", dev, &s));
+    al_td t = al_td_from(x);
+    int64_t n = al_td_numel(&t), rowlen = 1;
+    for (int32_t d = x->ndim - row_dims; d < x->ndim; d++) rowlen *= x->size[d];
+    int64_t rows = rowlen ? n / rowlen : 0;
+    al_td_coalesce(1, &t);
+    int64_t cap = (int64_t)al_cu_sm_count[dev] * 8;
+    unsigned grid = (unsigned)(rows < cap ? rows : cap);
+    if (grid < 1) grid = 1;
+    al_fp8_rows_kernel<<<grid, AL_CU_THREADS, 0, s>>>((uint8_t *)al_tensor_data_ptr(out), (float *)al_tensor_data_ptr(scale_inv),
+                                                      t, rows, rowlen, out->dtype, p2);
+    AL_CUDA_LAUNCHED();
+    return AL_OK;
+}
+
+/* ---- MXFP8 ------------------------------------------------------------------------------------ */
+/* xb: x with extent nb at dim and stride 32*stride (block bases); ob: the contiguous output likewise;
+ * sc: the scales. inner = product of the extents after dim (to recover the block's index along dim). */
+__global__ void __launch_bounds__(AL_CU_THREADS) al_mx_kernel(al_td xb, al_td ob, al_td sc, int64_t nblocks,
+                                                             int64_t inner, int64_t nb, int64_t n, int64_t xs,
+                                                             int64_t os, int32_t fmt, int quant) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const double fmax = al_fp8_fmax(fmt);
+    for (int64_t bi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; bi < nblocks; bi += stride) {
+        int64_t ox, oo, os2;
+        al_td_off3(bi, xb, ob, sc, &ox, &oo, &os2);
+        const int64_t j0 = ((bi / inner) % nb) * 32;
+        const int64_t len = n - j0 < 32 ? n - j0 : 32;
+        uint8_t *scb = (uint8_t *)sc.data;
+        if (quant) {
+            double m = 0.0;
+            for (int64_t j = 0; j < len; j++) {
+                double v = al_ld_f64(xb.data, xb.dtype, ox + j * xs);
+                m = al_amax_comb<double>(m, v < 0.0 ? -v : v);
+            }
+            uint8_t code = al_e8m0_from_amax(m, fmax);
+            scb[os2] = code;
+            const double inv = al_e8m0_inverse(code);
+            uint8_t *o = (uint8_t *)ob.data;
+            for (int64_t j = 0; j < len; j++) o[oo + j * os] = al_fp8_encode(fmt, al_ld_f64(xb.data, xb.dtype, ox + j * xs) * inv);
+        } else {
+            const double v = al_e8m0_value(scb[os2]);
+            const uint8_t *q = (const uint8_t *)xb.data;
+            for (int64_t j = 0; j < len; j++) al_st_f64(ob.data, ob.dtype, oo + j * os, al_fp8_decode(fmt, q[ox + j * xs]) * v);
+        }
+    }
+}
+
+static al_status cu_mx(const char *op, al_tensor *out, const al_tensor *scales, const al_tensor *x, int32_t dim, int quant) {
+    cudaStream_t s;
+    const int32_t dev = x->device_index;
+    AL_TRY(al_cu_begin(op, dev, &s));
+    const int64_t n = x->size[dim], nb = (n + 31) / 32;
+    al_td xb = al_td_from(x), ob = al_td_from(out), sc = al_td_from(scales);
+    int64_t ostr[AL_MAX_DIMS];
+    al_contiguous_strides(out->ndim, out->size, ostr);
+    int64_t inner = 1;
+    for (int32_t d = dim + 1; d < x->ndim; d++) inner *= x->size[d];
+    const int64_t xs = x->stride[dim], os = ostr[dim];
+    for (int32_t d = 0; d < x->ndim; d++) {
+        xb.size[d] = ob.size[d] = sc.size[d] = d == dim ? nb : x->size[d];
+        ob.stride[d] = ostr[d];
+    }
+    xb.stride[dim] = 32 * xs;
+    ob.stride[dim] = 32 * os;
+    ob.offset = out->offset;
+    int64_t nblocks = al_td_numel(&xb);
+    if (nblocks == 0) return AL_OK;
+    /* no coalescing: the kernel needs the block index along dim, recovered from the row-major index */
+    al_mx_kernel<<<al_cu_grid(dev, nblocks), AL_CU_THREADS, 0, s>>>(xb, ob, sc, nblocks, inner, nb, n, xs, os,
+                                                                    quant ? out->dtype : x->dtype, quant);
+    AL_CUDA_LAUNCHED();
+    return AL_OK;
+}
+
+static al_status cu_mx_quantize(al_tensor *out, al_tensor *scales, const al_tensor *x, int32_t dim) {
+    return cu_mx("mxfp8_quantize", out, scales, x, dim, 1);
+}
+static al_status cu_mx_dequantize(al_tensor *out, const al_tensor *q, const al_tensor *scales, int32_t dim) {
+    return cu_mx("mxfp8_dequantize", out, scales, q, dim, 0);
+}
+
+void al_cu_fp8_fill_api(al_cuda_api *api) {
+    api->amax = cu_amax;
+    api->fp8_quantize = cu_quantize;
+    api->fp8_dequantize = cu_dequantize;
+    api->fp8_quantize_rows = cu_quantize_rows;
+    api->mxfp8_quantize = cu_mx_quantize;
+    api->mxfp8_dequantize = cu_mx_dequantize;
+}
