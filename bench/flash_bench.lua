@@ -1,0 +1,201 @@
+-- bench/flash_bench.lua — the flash backend's stand-alone harness (llm.c dev/cuda style): first checks
+-- it against the CPU oracle (small shapes) and against the unfused GPU reference (medium shapes), for
+-- output, lse and gradients; then times forward and backward with al.cuda.Event over a sweep.
+--
+-- Sweep (b,h,s,d): (4,16,4096,128) (2,16,8192,128) (1,16,16384,128) (4,32,4096,64) (4,16,4096,256),
+-- bf16, causal and not, separate bshd tensors ("separate") and one packed [b,s,3,h,d] buffer declared
+-- as qkv_layer ("bs3hd"). FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x forward.
+-- The first call of each specialisation compiles it with NVRTC (or loads it from the disk cache):
+-- the harness reports that cost separately (al_flash_info) and times only warm calls.
+-- Without a usable GPU it says so and exits 0.
+-- Usage: luajit bench/flash_bench.lua [--quick] [--check-only] [--deterministic]
+--   ATTNLAB_BENCH_OUT=/path appends JSON lines like bench/attention_gpu_bench.lua.
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local al = require "attnlab"
+local ffi = require "ffi"
+
+if not al.cuda.available() then
+  local _, why = al.cuda.available()
+  print("flash_bench: skipped, no usable GPU" .. (why and (" (" .. tostring(why) .. ")") or ""))
+  os.exit(0)
+end
+
+local flags = {}
+for _, a in ipairs(arg or {}) do flags[a] = true end
+local quick = flags["--quick"]
+local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
+
+local out_path = os.getenv("ATTNLAB_BENCH_OUT")
+local jf = out_path and assert(io.open(out_path, "a"))
+local function emit(rec)
+  if not jf then return end
+  local parts = {}
+  for k, v in pairs(rec) do
+    local s = type(v) == "number" and string.format("%.6g", v) or string.format("%q", tostring(v))
+    parts[#parts + 1] = string.format("%q: %s", k, s)
+  end
+  table.sort(parts)
+  jf:write("{\"source\": \"attnlab\", ", table.concat(parts, ", "), "}\n")
+  jf:flush()
+end
+
+local info_fn
+do
+  local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
+  if ok then
+    pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
+    info_fn = function()
+      local buf = ffi.new("char[16384]")
+      local okc = pcall(function() lib.al_flash_info(buf, 16384) end)
+      return okc and ffi.string(buf) or "(al_flash_info unavailable)"
+    end
+  end
+end
+
+local dev = al.cuda.device_info(0)
+print(string.format("flash_bench on %s (sm_%d%d)", dev.name, dev.capability[1], dev.capability[2]))
+
+---------------------------------------------------------------------------------------------------
+-- correctness: flash vs cpu (small) and vs unfused (medium)
+---------------------------------------------------------------------------------------------------
+local TOL = { f16 = 1e-3, bf16 = 1.5e-2 }
+
+local function worst(got, want, tol)
+  local g, w = got:to("cpu"):to("f64"):flat_values(), want:to("cpu"):to("f64"):flat_values()
+  local bad, maxd = 0, 0
+  for i = 1, #w do
+    if w[i] == -math.huge then
+      if g[i] ~= -math.huge then bad = bad + 1 end
+    else
+      local d = math.abs(g[i] - w[i])
+      if not (d <= tol + tol * math.abs(w[i])) then bad = bad + 1 end
+      if d > maxd or d ~= d then maxd = d end
+    end
+  end
+  return bad, maxd
+end
+
+local failures = 0
+local function check(name, ref_backend, dt, build)
+  al.manual_seed(7)
+  local ra = build(ref_backend == "cpu" and "cpu" or "cuda", dt)
+  al.manual_seed(7)
+  local fa = build("cuda", dt)
+  ra.backend, fa.backend = ref_backend, "flash"
+  local _, chosen = al.attention.explain(fa)
+  if chosen ~= "flash" then
+    print(string.format("  %-46s %-5s vs %-7s FAIL: flash declined:\n%s", name, dt, ref_backend, al.attention.explain(fa)))
+    failures = failures + 1
+    return
+  end
+  local ro, rctx = al.attention.forward(ra)
+  local fo, fctx = al.attention.forward(fa)
+  al.manual_seed(8)
+  local rd = al.randn(ro:size(), { dtype = dt, device = ref_backend == "cpu" and "cpu" or "cuda" })
+  al.manual_seed(8)
+  local fd = al.randn(fo:size(), { dtype = dt, device = "cuda" })
+  local rg, fg = al.attention.backward(rctx, rd), al.attention.backward(fctx, fd)
+  local tol = TOL[dt]
+  local msgs, bad_total = {}, 0
+  local function cmp(what, g, w, t)
+    local bad, maxd = worst(g, w, t)
+    bad_total = bad_total + bad
+    msgs[#msgs + 1] = string.format("%s %.2g%s", what, maxd, bad > 0 and string.format(" (%d bad)", bad) or "")
+  end
+  cmp("out", fo, ro, tol)
+  cmp("lse", fctx.lse, rctx.lse, 1e-4)
+  for k, w in pairs(rg) do cmp("d" .. k:gsub("_layer", ""), fg[k], w, tol) end
+  if bad_total > 0 then failures = failures + 1 end
+  print(string.format("  %-46s %-5s vs %-7s %s  max|diff|: %s", name, dt, ref_backend, bad_total > 0 and "FAIL" or "ok  ",
+    table.concat(msgs, ", ")))
+end
+
+local function sep(b, sq, skv, h, hg, d, mask, fmt)
+  return function(devn, dt)
+    local o = { dtype = dt, device = devn }
+    local function s(x, y) return fmt == "sbhd" and { x, b, y, d } or { b, x, y, d } end
+    return { query_layer = al.randn(s(sq, h), o), key_layer = al.randn(s(skv, hg), o), value_layer = al.randn(s(skv, hg), o),
+      qkv_format = fmt or "bshd", attn_mask_type = mask }
+  end
+end
+
+print("correctness (atol = rtol: f16 1e-3, bf16 1.5e-2; lse 1e-4)")
+for _, dt in ipairs({ "bf16", "f16" }) do
+  for _, d in ipairs({ 64, 128, 256 }) do
+    check(string.format("b2 h4 hg2 s77 d%d causal bshd", d), "cpu", dt, sep(2, 77, 77, 4, 2, d, "causal"))
+  end
+  check("b2 h4 hg1 sq200 skv77 d128 causal_bottom_right", "cpu", dt, sep(2, 200, 77, 4, 1, 128, "causal_bottom_right"))
+  check("b1 h4 hg4 s300 d64 no_mask sbhd", "cpu", dt, sep(1, 300, 300, 4, 4, 64, "no_mask", "sbhd"))
+  check("packed bs3hd b2 h4 s200 d128 causal", "cpu", dt, function(devn, t)
+    return { qkv_layer = al.randn({ 2, 200, 3, 4, 128 }, { dtype = t, device = devn }), qkv_interleave_dim = -3,
+      qkv_format = "bshd", attn_mask_type = "causal" }
+  end)
+  check("b2 h8 hg2 s1000 d128 causal", "unfused", dt, sep(2, 1000, 1000, 8, 2, 128, "causal"))
+  check("b1 h8 hg8 s2000 d64 no_mask", "unfused", dt, sep(1, 2000, 2000, 8, 8, 64, "no_mask"))
+  check("b1 h4 hg4 s1000 d256 causal", "unfused", dt, sep(1, 1000, 1000, 4, 4, 256, "causal"))
+end
+if failures > 0 then print(string.format("flash_bench: %d correctness check(s) FAILED", failures)) end
+if flags["--check-only"] then
+  print(info_fn and info_fn() or "")
+  os.exit(failures > 0 and 1 or 0)
+end
+
+---------------------------------------------------------------------------------------------------
+-- timing
+---------------------------------------------------------------------------------------------------
+local function gpu_time(fn)
+  for _ = 1, WARMUP do fn() end
+  al.cuda.synchronize()
+  local e0, e1 = al.cuda.Event(), al.cuda.Event()
+  e0:record()
+  for _ = 1, ITERS do fn() end
+  e1:record()
+  e1:synchronize()
+  return e0:elapsed_time(e1) / ITERS
+end
+
+local SHAPES = { { 4, 16, 4096, 128 }, { 2, 16, 8192, 128 }, { 1, 16, 16384, 128 }, { 4, 32, 4096, 64 }, { 4, 16, 4096, 256 } }
+if quick then SHAPES = { { 4, 16, 4096, 128 } } end
+local det = flags["--deterministic"]
+print(string.format("\ntiming (bf16, %d iterations after %d warm-up calls%s)", ITERS, WARMUP, det and ", deterministic backward" or ""))
+print(string.format("%-20s %-8s %-9s %9s %9s %9s %9s  %s", "shape (b,h,s,d)", "mask", "layout", "fwd ms", "fwd TF/s",
+  "bwd ms", "bwd TF/s", "note"))
+al.manual_seed(1234)
+for _, sh in ipairs(SHAPES) do
+  local b, h, s, d = sh[1], sh[2], sh[3], sh[4]
+  local o = { dtype = "bf16", device = "cuda" }
+  local qkv = al.randn({ b, s, 3, h, d }, o)
+  local q, k, v = al.randn({ b, s, h, d }, o), al.randn({ b, s, h, d }, o), al.randn({ b, s, h, d }, o)
+  local dout = al.randn({ b, s, h * d }, o)
+  for _, mask in ipairs({ "no_mask", "causal" }) do
+    local flops = 4 * b * h * s * s * d * (mask == "causal" and 0.5 or 1)
+    for _, layout in ipairs({ "separate", "bs3hd" }) do
+      local args = layout == "separate"
+        and { query_layer = q, key_layer = k, value_layer = v, qkv_format = "bshd", attn_mask_type = mask }
+        or { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd", attn_mask_type = mask }
+      args.backend, args.deterministic = "flash", det
+      local tag = string.format("%d,%d,%d,%d", b, h, s, d)
+      local ok, err = pcall(function()
+        local out, ctx
+        local tf = gpu_time(function() out, ctx = al.attention.forward(args) end)
+        local tb = gpu_time(function() al.attention.backward(ctx, dout) end)
+        local rec = { kind = "attention", backend = "flash", b = b, h = h, s = s, d = d, mask = mask, layout = layout,
+          fwd_ms = tf, bwd_ms = tb, fwd_tflops = flops / (tf * 1e-3) / 1e12, bwd_tflops = 2.5 * flops / (tb * 1e-3) / 1e12 }
+        print(string.format("%-20s %-8s %-9s %9.3f %9.1f %9.3f %9.1f", tag, mask, layout, tf, rec.fwd_tflops, tb,
+          rec.bwd_tflops))
+        emit(rec)
+      end)
+      if not ok then
+        print(string.format("%-20s %-8s %-9s %9s %9s %9s %9s  %s", tag, mask, layout, "-", "-", "-", "-",
+          tostring(err):gsub("\n", " "):sub(1, 200)))
+      end
+      collectgarbage()
+    end
+  end
+  qkv, q, k, v, dout = nil, nil, nil, nil, nil
+  collectgarbage()
+  al.cuda.empty_cache()
+end
+print("\nNVRTC / cache: " .. (info_fn and info_fn() or "(al_flash_info unavailable)"))
+if jf then jf:close() end
+os.exit(failures > 0 and 1 or 0)

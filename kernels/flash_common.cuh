@@ -1,0 +1,248 @@
+/*
+ * kernels/flash_common.cuh — device helpers shared by kernels/flash_fwd.cu and kernels/flash_bwd.cu
+ * (compiled at run time by NVRTC, src/cuda/nvrtc_cache.cu; no CUDA headers needed).
+ *
+ *   specialisation defines   AL_HEAD_DIM (64|128|256), AL_BF16 (1 bf16, 0 f16), AL_MASK_KIND
+ *                            (0 none, 1 causal, 2 window), AL_BOTTOM_RIGHT (0|1), AL_ALIBI (0|1)
+ *   PTX wrappers             cp.async (16 B, zero-fill), ldmatrix x4 (.trans), mma.sync m16n8k16 with
+ *                            f32 accumulation, ex2.approx, bf16x2/f16x2 packing
+ *   swizzled tiles           a [rows][AL_HEAD_DIM] 16-bit tile in shared memory: the 16-byte chunk c of
+ *                            row r sits at chunk c ^ (r & 7), so the 8 row addresses of one ldmatrix
+ *                            phase hit 8 different bank groups (no padding, no conflicts)
+ *   masking and scores       al_fl_valid (the plan's exact rule, attention_internal.h) and the hooks
+ *
+ * Hooks (a later "variants" issue compiles specialisations with generated snippets; define them
+ * before this file is included, e.g. with -D or a prepended source string):
+ *   AL_SCORE_MOD(score, b, h, q_idx, kv_idx)   -> float. score is the scaled logit (natural-log
+ *       units, softmax_scale already applied, ALiBi not yet); returns the new logit. Default: score.
+ *       q_idx/kv_idx are sequence-local (0-based), b the batch entry, h the query head.
+ *   AL_SCORE_MOD_GRAD(grad, score, b, h, q_idx, kv_idx) -> float: the backward's d(new)/d(score)
+ *       times grad. Default: grad (an additive modification). Must be defined with AL_SCORE_MOD when
+ *       the modification is not additive.
+ *   AL_MASK_MOD(b, h, q_idx, kv_idx)           -> int, nonzero = keep (FlexAttention's mask_mod).
+ *       Applied on top of the length/causal/window rule. Default: 1 (and no per-element cost).
+ * Defining AL_SCORE_MOD or AL_MASK_MOD switches off the folded scale*log2(e) fast path or the
+ * full-tile fast path respectively; both hooks are evaluated for every element of a visited tile.
+ */
+#ifndef ATTNLAB_FLASH_COMMON_CUH
+#define ATTNLAB_FLASH_COMMON_CUH
+
+#include "flash_params.h"
+
+#ifndef AL_HEAD_DIM
+#error "AL_HEAD_DIM must be defined (64, 128 or 256)"
+#endif
+#if AL_HEAD_DIM != 64 && AL_HEAD_DIM != 128 && AL_HEAD_DIM != 256
+#error "AL_HEAD_DIM must be 64, 128 or 256"
+#endif
+#ifndef AL_BF16
+#define AL_BF16 1
+#endif
+#ifndef AL_MASK_KIND
+#define AL_MASK_KIND 0
+#endif
+#ifndef AL_BOTTOM_RIGHT
+#define AL_BOTTOM_RIGHT 0
+#endif
+#ifndef AL_ALIBI
+#define AL_ALIBI 0
+#endif
+
+#ifdef AL_SCORE_MOD
+#define AL_HAS_SCORE_MOD 1
+#else
+#define AL_HAS_SCORE_MOD 0
+#define AL_SCORE_MOD(score, b, h, q_idx, kv_idx) (score)
+#endif
+#ifndef AL_SCORE_MOD_GRAD
+#define AL_SCORE_MOD_GRAD(grad, score, b, h, q_idx, kv_idx) (grad)
+#endif
+#ifdef AL_MASK_MOD
+#define AL_HAS_MASK_MOD 1
+#else
+#define AL_HAS_MASK_MOD 0
+#define AL_MASK_MOD(b, h, q_idx, kv_idx) 1
+#endif
+
+#define AL_DEV static __device__ __forceinline__
+#define AL_LOG2E 1.4426950408889634f
+#define AL_LN2 0.6931471805599453f
+#define AL_NEG_INF (-__int_as_float(0x7f800000))
+#define AL_POS_INF (__int_as_float(0x7f800000))
+
+typedef unsigned int al_u32;
+typedef unsigned short al_u16;
+
+/* ---- PTX wrappers -------------------------------------------------------------------------------- */
+AL_DEV al_u32 al_smem_addr(const void *p) {
+    al_u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+/* 16 bytes global -> shared; valid = 0 writes 16 zero bytes and reads nothing */
+AL_DEV void al_cp_async16(al_u32 dst, const void *src, int valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+AL_DEV void al_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> AL_DEV void al_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+AL_DEV void al_ldsm_x4(al_u32 addr, al_u32 &r0, al_u32 &r1, al_u32 &r2, al_u32 &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+AL_DEV void al_ldsm_x4_t(al_u32 addr, al_u32 &r0, al_u32 &r1, al_u32 &r2, al_u32 &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+/* c[4] += A(16x16, 4 regs) * B(16x8, 2 regs), f32 accumulation */
+AL_DEV void al_mma(float *c, const al_u32 *a, al_u32 b0, al_u32 b1) {
+#if AL_BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+AL_DEV float al_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* two floats -> one register of two 16-bit values (lo in the low half), round to nearest even */
+AL_DEV al_u32 al_pack2(float lo, float hi) {
+    al_u32 r;
+#if AL_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+/* ---- generic element access (the small O(s*d) passes: any dtype, any stride) ---------------------- */
+AL_DEV float al_f16_to_f32(al_u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+AL_DEV float al_ld_elem(const void *base, int dt, long long i) {
+    switch (dt) {
+    case AL_FLASH_DT_F32: return ((const float *)base)[i];
+    case AL_FLASH_DT_F64: return (float)((const double *)base)[i];
+    case AL_FLASH_DT_F16: return al_f16_to_f32(((const al_u16 *)base)[i]);
+    default: return __uint_as_float(((unsigned)((const al_u16 *)base)[i]) << 16);
+    }
+}
+AL_DEV void al_st_elem(void *base, int dt, long long i, float v) {
+    switch (dt) {
+    case AL_FLASH_DT_F32: ((float *)base)[i] = v; break;
+    case AL_FLASH_DT_F64: ((double *)base)[i] = (double)v; break;
+    case AL_FLASH_DT_F16: {
+        al_u16 h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        ((al_u16 *)base)[i] = h;
+        break;
+    }
+    default: {
+        al_u16 h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        ((al_u16 *)base)[i] = h;
+        break;
+    }
+    }
+}
+
+/* ---- swizzled tiles ----------------------------------------------------------------------------- */
+/* byte offset of 16-byte chunk c of row r in a tile whose rows are ROW_CHUNKS chunks wide: rows of
+ * >= 8 chunks XOR with r mod 8; rows of 4 chunks (64 bytes, two rows per 128-byte line) XOR with
+ * (r / 2) mod 4, so 8 consecutive rows still cover the 8 bank groups */
+template <int ROW_CHUNKS> AL_DEV al_u32 al_swz(int r, int c) {
+    static_assert(ROW_CHUNKS == 4 || ROW_CHUNKS % 8 == 0, "swizzled rows are 4 or a multiple of 8 chunks");
+    if (ROW_CHUNKS == 4) return (al_u32)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+    return (al_u32)(r * ROW_CHUNKS * 16 + ((c ^ (r & 7)) << 4));
+}
+
+/* cp.async a [ROWS][AL_HEAD_DIM] tile: rows >= valid are zero-filled (never read from memory).
+ * g points at the tile's row 0, rows st elements apart. */
+template <int ROWS, int NTHREADS>
+AL_DEV void al_load_tile(al_u32 s, const al_u16 *g, long long st, int valid, int tid) {
+    constexpr int CPR = AL_HEAD_DIM / 8;
+    constexpr int TOTAL = ROWS * CPR;
+    static_assert(TOTAL % NTHREADS == 0, "tile chunks must divide evenly among the threads");
+#pragma unroll
+    for (int it = 0; it < TOTAL / NTHREADS; it++) {
+        const int c = it * NTHREADS + tid;
+        const int r = c / CPR, ch = c % CPR;
+        const int ok = r < valid;
+        const al_u16 *src = ok ? g + (long long)r * st + ch * 8 : g;
+        al_cp_async16(s + al_swz<CPR>(r, ch), src, ok);   /* not read when !ok */
+    }
+}
+
+/* ---- masking: attention_internal.h's rule for one (i, j), i < q_len known ------------------------ */
+struct al_fl_seq {
+    int b, h;
+    int q_len, kv_len;
+    int diag;            /* bottom_right ? kv_len - q_len : 0 */
+    int wl, wr;          /* -1 = unbounded */
+};
+
+AL_DEV al_fl_seq al_fl_seq_make(const al_flash_params &p, int b, int h) {
+    al_fl_seq s;
+    s.b = b;
+    s.h = h;
+    s.q_len = p.q_len ? (int)p.q_len[b] : p.SQ;
+    s.kv_len = p.kv_len ? (int)p.kv_len[b] : p.SKV;
+#if AL_MASK_KIND == 0
+    s.wl = -1;
+    s.wr = -1;
+#elif AL_MASK_KIND == 1
+    s.wl = -1;
+    s.wr = 0;
+#else
+    s.wl = p.wl;
+    s.wr = p.wr;
+#endif
+    s.diag = AL_BOTTOM_RIGHT ? s.kv_len - s.q_len : 0;
+    return s;
+}
+
+AL_DEV int al_fl_valid(const al_fl_seq &s, int i, int j) {
+    int ok = j < s.kv_len;
+#if AL_MASK_KIND != 0
+    if (s.wl >= 0) ok &= j >= i + s.diag - s.wl;
+    if (s.wr >= 0) ok &= j <= i + s.diag + s.wr;
+#endif
+#if AL_HAS_MASK_MOD
+    ok &= (AL_MASK_MOD(s.b, s.h, i, j)) ? 1 : 0;
+#endif
+    return ok;
+}
+
+/* the logit of (i, j) in log2 units from the raw q.k product acc */
+AL_DEV float al_fl_logit2(const al_fl_seq &s, float acc, float scale, float scale_log2, float slope_log2, int i,
+                          int j) {
+#if AL_HAS_SCORE_MOD
+    float x = AL_SCORE_MOD(acc * scale, s.b, s.h, i, j) * AL_LOG2E;
+#else
+    float x = acc * scale_log2;
+#endif
+#if AL_ALIBI
+    int dist = j - i - s.diag;
+    x -= slope_log2 * (float)(dist < 0 ? -dist : dist);
+#endif
+    return x;
+}
+
+#endif /* ATTNLAB_FLASH_COMMON_CUH */

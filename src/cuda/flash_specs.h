@@ -1,0 +1,127 @@
+/*
+ * cuda/flash_specs.h — the specialisations of the flash kernels (kernels/flash_fwd.cu,
+ * kernels/flash_bwd.cu): their -D options, tile sizes, launch shapes and names. Plain C (static
+ * inline, no CUDA types), shared by the backend (src/cuda/attn_flash.cu) and by the CPU-side test
+ * that compiles every shipped specialisation with NVRTC (tests/c/test_nvrtc_kernels.c), so both
+ * build exactly the same option lists.
+ *
+ * A specialisation: kernel (fwd | bwd) x head dim (64, 128, 256) x dtype (bf16, f16) x mask kind
+ * (none, causal, window) x diagonal (top-left, bottom-right; "none" has one, unless ALiBi needs the
+ * diagonal) x ALiBi (off, on): 132 shipped (al_flash_spec_at), all compiled by the test; a process
+ * compiles only the ones it uses, once, then loads them from the disk cache.
+ * The host passes the tile sizes as -D defines too, so this file is their one source of truth.
+ */
+#ifndef ATTNLAB_CUDA_FLASH_SPECS_H
+#define ATTNLAB_CUDA_FLASH_SPECS_H
+
+#include <stdio.h>
+#include <string.h>
+
+enum { AL_FLASH_FWD = 0, AL_FLASH_BWD = 1 };
+enum { AL_FLASH_MASK_NONE = 0, AL_FLASH_MASK_CAUSAL = 1, AL_FLASH_MASK_WINDOW = 2 };
+
+typedef struct al_flash_spec {
+    int kind;           /* AL_FLASH_FWD / AL_FLASH_BWD */
+    int d;              /* 64, 128, 256 */
+    int bf16;           /* 1 bf16, 0 f16 */
+    int mask;           /* AL_FLASH_MASK_* */
+    int bottom_right;   /* diagonal alignment (causal, window, and ALiBi's distance) */
+    int alibi;
+} al_flash_spec;
+
+/* Tile sizes and launch shape of a specialisation. */
+typedef struct al_flash_tiles {
+    int bm, bn;          /* query rows, key rows per tile */
+    int threads;
+    int smem;            /* dynamic shared memory, bytes */
+} al_flash_tiles;
+
+static inline al_flash_tiles al_flash_spec_tiles(const al_flash_spec *s) {
+    al_flash_tiles t;
+    if (s->kind == AL_FLASH_FWD) {
+        /* 4 warps x 16 query rows; BN = 32 at d = 256 keeps 2 CTAs per SM (smem) and no spills */
+        t.bm = 64;
+        t.bn = s->d == 256 ? 32 : 64;
+        t.threads = 128;
+        t.smem = t.bm * s->d * 2 + 4 * t.bn * s->d * 2;
+    } else {
+        /* 16 kv rows per warp (two warps per 16 rows at d = 256); BM = 32 (64 spills at d = 128) */
+        int ws = s->d > 128 ? 2 : 1;
+        t.bm = 32;
+        t.bn = 64;
+        t.threads = (t.bn / 16) * ws * 32;
+        t.smem = 2 * t.bn * s->d * 2 + 2 * t.bm * s->d * 2 + t.bn * t.bm * 2 + 2 * t.bm * 4;
+    }
+    return t;
+}
+
+static inline const char *al_flash_spec_file(const al_flash_spec *s) {
+    return s->kind == AL_FLASH_FWD ? "flash_fwd.cu" : "flash_bwd.cu";
+}
+
+/* Function names in a specialisation's module, in launch order. */
+static inline int al_flash_spec_functions(const al_flash_spec *s, const char **names) {
+    if (s->kind == AL_FLASH_FWD) {
+        names[0] = "al_flash_fwd";
+        return 1;
+    }
+    names[0] = "al_flash_bwd_pre";
+    names[1] = "al_flash_bwd";
+    names[2] = "al_flash_bwd_dq";
+    return 3;
+}
+
+#define AL_FLASH_MAX_OPTS 12
+#define AL_FLASH_OPT_LEN 48
+
+/* The -D options (no architecture: nvrtc_cache adds that). Returns the count. */
+static inline int al_flash_spec_options(const al_flash_spec *s, char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN]) {
+    al_flash_tiles t = al_flash_spec_tiles(s);
+    int n = 0;
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_HEAD_DIM=%d", s->d);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BF16=%d", s->bf16 ? 1 : 0);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_MASK_KIND=%d", s->mask);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BOTTOM_RIGHT=%d", s->bottom_right ? 1 : 0);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_ALIBI=%d", s->alibi ? 1 : 0);
+    if (s->kind == AL_FLASH_FWD) {
+        snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BLOCK_M=%d", t.bm);
+        snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BLOCK_N=%d", t.bn);
+        snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_WARPS=%d", t.threads / 32);
+    } else {
+        snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BWD_BLOCK_M=%d", t.bm);
+        snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BWD_BLOCK_N=%d", t.bn);
+    }
+    return n;
+}
+
+/* "fwd d128 bf16 causal-br alibi" */
+static inline void al_flash_spec_name(const al_flash_spec *s, char *buf, size_t n) {
+    static const char *masks[] = {"nomask", "causal", "window"};
+    snprintf(buf, n, "%s d%d %s %s%s%s", s->kind == AL_FLASH_FWD ? "fwd" : "bwd", s->d, s->bf16 ? "bf16" : "f16",
+             masks[s->mask], s->mask == AL_FLASH_MASK_NONE && !s->alibi ? "" : s->bottom_right ? "-br" : "-tl",
+             s->alibi ? " alibi" : "");
+}
+
+/* Every shipped specialisation, i in [0, al_flash_spec_count()): kernel x d x dtype x (ALiBi off:
+ * none, causal-tl, causal-br, window-tl, window-br; ALiBi on: the same plus none-br, since ALiBi's
+ * distance |j - i - diag| depends on the diagonal even without a mask) = 2 * 3 * 2 * 11 = 132. */
+static inline int al_flash_spec_count(void) { return 2 * 3 * 2 * 11; }
+static inline void al_flash_spec_at(int i, al_flash_spec *s) {
+    static const int dims[3] = {64, 128, 256};
+    /* (mask, bottom_right, alibi) for the 11 mask variants */
+    static const int mk[11] = {0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2};
+    static const int br[11] = {0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
+    static const int al[11] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1};
+    memset(s, 0, sizeof *s);
+    s->mask = mk[i % 11];
+    s->bottom_right = br[i % 11];
+    s->alibi = al[i % 11];
+    i /= 11;
+    s->bf16 = i % 2 == 0;
+    i /= 2;
+    s->d = dims[i % 3];
+    i /= 3;
+    s->kind = i % 2;
+}
+
+#endif /* ATTNLAB_CUDA_FLASH_SPECS_H */
