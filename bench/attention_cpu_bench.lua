@@ -5,11 +5,24 @@
 --
 -- FLOP counts (the usual attention convention): forward 4*b*h*sq*skv*d (QK^T and PV), backward
 -- 2.5x the forward (5 GEMMs: S, dP, dV, dQ, dK); causal counts half the score matrix.
--- Usage: luajit bench/attention_cpu_bench.lua [--quick]
+-- Usage: luajit bench/attention_cpu_bench.lua [--quick] [--jsonl out.jsonl] [--chart out.svg]
+-- Progress (al.progress: a bar on a terminal, plain lines otherwise) goes to stderr, so the table on
+-- stdout is unchanged; --jsonl writes one JSON line per (shape, mask) row (al.results) and --chart
+-- draws forward and backward GFLOP/s per row from those results.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 
-local quick = arg and arg[1] == "--quick"
+local quick, jsonl_path, chart_path = false, nil, nil
+do
+  local i = 1
+  while arg and arg[i] do
+    if arg[i] == "--quick" then quick = true
+    elseif arg[i] == "--jsonl" then jsonl_path = arg[i + 1]; i = i + 1
+    elseif arg[i] == "--chart" then chart_path = arg[i + 1]; i = i + 1
+    else error("attention_cpu_bench: unknown argument " .. tostring(arg[i]) .. " (expected --quick, --jsonl FILE, --chart FILE)") end
+    i = i + 1
+  end
+end
 
 local ffi = require "ffi"
 if not pcall(ffi.typeof, "struct al_bench_timespec") then
@@ -48,6 +61,8 @@ print(string.format("%-22s %-7s %10s %10s %10s %10s %8s", "shape (b,h,s,d)", "ma
 
 local shapes = { { 1, 8, 1024, 64 }, { 2, 16, 2048, 128 } }
 if quick then shapes = { { 1, 8, 1024, 64 } } end
+local progress = al.progress(#shapes * 2, { label = "attention_cpu_bench" })
+local rows = {}
 for _, s in ipairs(shapes) do
   local b, h, sl, d = s[1], s[2], s[3], s[4]
   local q, k, v = al.randn({ b, sl, h, d }), al.randn({ b, sl, h, d }), al.randn({ b, sl, h, d })
@@ -64,5 +79,26 @@ for _, s in ipairs(shapes) do
     local gf, gb = flops / tf / 1e9, 2.5 * flops / tb / 1e9
     print(string.format("%-22s %-7s %10.1f %10.1f %10.1f %10.1f %7.0f%%", string.format("(%d,%d,%d,%d)", b, h, sl, d), mask,
       tf * 1e3, gf, tb * 1e3, gb, 100 * gf / sgemm))
+    rows[#rows + 1] = { bench = "attention_cpu", b = b, h = h, s = sl, d = d, mask = mask, fwd_ms = tf * 1e3,
+      fwd_gflops = gf, bwd_ms = tb * 1e3, bwd_gflops = gb, sgemm_gflops = sgemm, row = #rows + 1 }
+    progress:step(1, string.format("(%d,%d,%d,%d) %s", b, h, sl, d, mask))
   end
+end
+progress:done()
+
+if jsonl_path then
+  local w = al.results.jsonl(jsonl_path)
+  for _, r in ipairs(rows) do w:write(r) end
+  w:close()
+  io.stderr:write("attention_cpu_bench: results in " .. jsonl_path .. "\n")
+end
+if chart_path then
+  local labels, vals = {}, {}
+  for i, r in ipairs(rows) do
+    labels[i] = string.format("s=%d d=%d %s", r.s, r.d, r.mask == "causal" and "causal" or "full")
+    vals[i] = { r.fwd_gflops, r.bwd_gflops }
+  end
+  al.plot.bar(labels, vals, { labels = { "forward", "backward" }, ylabel = "GFLOP/s",
+    title = string.format("CPU attention (sgemm %.0f GFLOP/s)", sgemm) }):save(chart_path)
+  io.stderr:write("attention_cpu_bench: chart in " .. chart_path .. "\n")
 end

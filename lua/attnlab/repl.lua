@@ -17,7 +17,11 @@ In the REPL
     a command it interrupts it (LuaJIT's "interrupted!" error) without leaving the REPL
   - a command that takes longer than 0.1 s reports its wall time
   - `?name` prints help for name (al.help when present, else the comment above the function's
-    definition and its parameters); `?` alone lists these commands; `$ cmd` runs a shell command
+    definition and its parameters, the text docs/REFERENCE.md is generated from; for al.C.al_*
+    functions, their comment in include/attnlab.h); `?` alone lists these commands; `$ cmd` runs a
+    shell command
+  - `%time code` runs code once and prints its wall time, with al.cuda.synchronize() before the clock
+    starts and before it is read when a GPU is usable (a GPU call returns before its kernel finishes)
   - Tab completes global names, table fields (`al.att<Tab>`), tensor methods (`t:tr<Tab>`) and,
     inside a string, file names; history lives in ~/.attnlab_history (ATTNLAB_HISTORY overrides)
   - when stdin is not a terminal there are no prompts and no banner, and the exit status is 1 if
@@ -30,6 +34,12 @@ local M = {}
 
 local unpack = unpack or table.unpack
 local concat, format = table.concat, string.format
+-- Exit through lua_close (os.exit's second argument) so every tensor's finalizer runs: LeakSanitizer
+-- (make test-asan) then reports only real leaks, not the tensors still referenced when a script ends.
+local function exit(code)
+  io.stdout:flush()
+  os.exit(code, true)
+end
 
 --------------------------------------------------------------------------------------------------
 -- C declarations (each guarded: another module may have declared the same name already)
@@ -211,6 +221,8 @@ local function compile(chunk, name)
     return nil, err
 end
 
+M.compile = compile
+
 -- Keep the traceback lines above the REPL's own xpcall.
 local function handler(e)
     local msg = type(e) == "string" and e or M.pretty(e)
@@ -240,10 +252,31 @@ local function print_error(msg)
     io.stderr:flush()
 end
 
+-- A function that waits for the GPU (al.cuda.synchronize()) when one is usable, else nil.
+function M.gpu_sync(al)
+    local ok, avail = pcall(function() return al.cuda.available() end)
+    if ok and avail then return function() al.cuda.synchronize() end end
+    return nil
+end
+
+local function fmt_seconds(dt)
+    if dt < 1e-3 then return format("%.1f us", dt * 1e6) end
+    if dt < 1 then return format("%.3f ms", dt * 1e3) end
+    return format("%.3f s", dt)
+end
+M.fmt_seconds = fmt_seconds
+
 -- Run one complete chunk; print its values unless `quiet`. Returns true on success.
-function M.run_chunk(fn, quiet, is_expr)
+-- `timing` (the %time command): {sync = function or nil}: the GPU is synchronised before the clock
+-- starts and again before it is read, and the wall time is always printed.
+function M.run_chunk(fn, quiet, is_expr, timing)
+    if timing and timing.sync then pcall(timing.sync) end
     local t0 = now()
     local r = pack(xpcall(fn, handler, pack))
+    if timing and timing.sync and r[1] then
+        local oks, err = pcall(timing.sync)
+        if not oks then r = { n = 2, false, "%time: cuda.synchronize failed: " .. tostring(err) } end
+    end
     local dt = now() - t0
     if not r[1] then
         print_error(tostring(r[2]))
@@ -265,9 +298,26 @@ function M.run_chunk(fn, quiet, is_expr)
         io.write(concat(outs, multiline and "\n" or "\t"), "\n")
         rawset(_G, "_", r[2])
     end
-    if dt > 0.1 then io.write(format("(%.3f s)\n", dt)) end
+    if timing then
+        io.write(format("%%time: wall %s%s\n", fmt_seconds(dt),
+            timing.sync and " (GPU synchronised before and after)" or " (no GPU: CPU only)"))
+    elseif dt > 0.1 then
+        io.write(format("(%.3f s)\n", dt))
+    end
     io.stdout:flush()
-    return true
+    return true, dt
+end
+
+-- `%time code`: run code once and print its values and its wall time, synchronising the GPU
+-- (al.cuda.synchronize()) before starting and before reading the clock, so asynchronous kernel
+-- launches are counted in full. Returns true on success and the seconds taken.
+function M.time(code, al, name)
+    local fn, err = M.compile(code, name or "=stdin")
+    if not fn then
+        print_error(err == "incomplete" and "%time: incomplete code (put it on one line)" or err)
+        return false
+    end
+    return M.run_chunk(fn, code:match(";%s*$") ~= nil, err, { sync = M.gpu_sync(al) })
 end
 
 --------------------------------------------------------------------------------------------------
@@ -277,7 +327,8 @@ local REPL_HELP = [[
 attnlab REPL
   <expression>        prints its value (no '=' needed); end a line with ';' to print nothing
   _                   the last value printed
-  ?name               help on name, e.g. ?al.randn  ?t.view  (t a tensor: its methods)
+  ?name               help on name, e.g. ?al.randn  ?t.view  (t a tensor: its methods)  ?al.C.al_tensor_select
+  %time code          run code once and print its wall time (the GPU synchronised before and after)
   $ command           run a shell command
   Tab                 complete names, fields and tensor methods (file names inside strings)
   Ctrl-D, exit        quit (history is kept in ~/.attnlab_history)]]
@@ -322,6 +373,13 @@ end
 
 function M.help(name, al)
     if name == "" then return REPL_HELP end
+    -- C functions: their comment in include/attnlab.h (the same text as docs/REFERENCE.md)
+    local cname = name:match("^al%.C%.([%w_]+)$") or name:match("^(al_[%w_]+)$")
+    if cname then
+        local okd, apidoc = pcall(require, "attnlab.apidoc")
+        local entry = okd and apidoc.c_function(cname)
+        if entry then return entry.decl .. (entry.comment ~= "" and ("\n" .. entry.comment) or "") end
+    end
     local fn = loadstring("return " .. name, "=help")
     if not fn then return "?" .. name .. ": not a name or expression" end
     local ok, v = pcall(fn)
@@ -579,7 +637,10 @@ function M.loop(al, interactive)
         if buf == nil then
             local trimmed = line:match("^%s*(.-)%s*$")
             if trimmed == "exit" or trimmed == "quit" then break end
-            if trimmed:sub(1, 1) == "?" then
+            if trimmed:match("^%%time%s") or trimmed == "%time" then
+                if not M.time(trimmed:sub(6), al) then failed = true end
+                line = nil
+            elseif trimmed:sub(1, 1) == "?" then
                 local ok, s = pcall(M.help, trimmed:sub(2):match("^%s*(.-)%s*$"), al)
                 if ok and s then io.write(s, "\n") elseif not ok then print_error(tostring(s)) end
                 io.stdout:flush()
@@ -674,7 +735,7 @@ function M.main(argv)
     while i <= #argv do
         local a = argv[i]
         if a == "-e" then
-            if argv[i + 1] == nil then print_error("attnlab: -e needs an argument\n" .. USAGE); os.exit(2) end
+            if argv[i + 1] == nil then print_error("attnlab: -e needs an argument\n" .. USAGE); exit(2) end
             evals[#evals + 1] = argv[i + 1]
             i = i + 2
         elseif a == "-i" then
@@ -682,17 +743,17 @@ function M.main(argv)
             i = i + 1
         elseif a == "-h" or a == "--help" then
             io.write(USAGE, "\n")
-            os.exit(0)
+            exit(0)
         elseif a == "-v" or a == "--version" then
             io.write(version_line(al, load_err), "\n")
-            os.exit(0)
+            exit(0)
         elseif a == "--" then
             script = argv[i + 1]
             for j = i + 2, #argv do script_args[#script_args + 1] = argv[j] end
             break
         elseif a:sub(1, 1) == "-" and a ~= "-" then
             print_error("attnlab: unknown option " .. a .. "\n" .. USAGE)
-            os.exit(2)
+            exit(2)
         else
             script = a
             for j = i + 1, #argv do script_args[#script_args + 1] = argv[j] end
@@ -705,18 +766,18 @@ function M.main(argv)
         local fn, err = compile(code, "=(command line)")
         if not fn then
             print_error("attnlab: " .. (err == "incomplete" and "incomplete code in -e" or err))
-            os.exit(1)
+            exit(1)
         end
-        if not M.run_chunk(fn, code:match(";%s*$") ~= nil, err) then os.exit(1) end
+        if not M.run_chunk(fn, code:match(";%s*$") ~= nil, err) then exit(1) end
     end
     if script then
         if script == "-" then script = nil end     -- `attnlab -` : read commands from stdin
         if script then
             ok = run_script(script, script_args)
-            if not interactive_after then os.exit(ok and 0 or 1) end
+            if not interactive_after then exit(ok and 0 or 1) end
         end
     elseif #evals > 0 and not interactive_after then
-        os.exit(0)
+        exit(0)
     end
 
     local interactive = stdin_is_tty()
@@ -728,7 +789,7 @@ function M.main(argv)
     end
     local loop_ok = M.loop(al, interactive)
     io.stdout:flush()
-    os.exit((ok and (loop_ok or interactive)) and 0 or 1)
+    exit((ok and (loop_ok or interactive)) and 0 or 1)
 end
 
 -- Run as the program (`luajit repl.lua ...`), not when required as a module.
