@@ -59,6 +59,8 @@ print(string.format("flash_bench on %s (sm_%d%d)", dev.name, dev.capability[1], 
 -- correctness: flash vs cpu (small) and vs unfused (medium)
 ---------------------------------------------------------------------------------------------------
 local TOL = { f16 = 1e-3, bf16 = 1.5e-2 }
+-- f16 gradients: P and dS are rounded to f16 inside the kernel (not in the f32 oracle), ~10 ulps at 0.25
+local GRAD_TOL = { f16 = 2.5e-3, bf16 = 1.5e-2 }
 
 local function worst(got, want, tol)
   local g, w = got:to("cpu"):to("f64"):flat_values(), want:to("cpu"):to("f64"):flat_values()
@@ -104,7 +106,7 @@ local function check(name, ref_backend, dt, build)
   end
   cmp("out", fo, ro, tol)
   cmp("lse", fctx.lse, rctx.lse, 1e-4)
-  for k, w in pairs(rg) do cmp("d" .. k:gsub("_layer", ""), fg[k], w, tol) end
+  for k, w in pairs(rg) do cmp("d" .. k:gsub("_layer", ""), fg[k], w, GRAD_TOL[dt]) end
   if bad_total > 0 then failures = failures + 1 end
   print(string.format("  %-46s %-5s vs %-7s %s  max|diff|: %s", name, dt, ref_backend, bad_total > 0 and "FAIL" or "ok  ",
     table.concat(msgs, ", ")))
@@ -119,7 +121,7 @@ local function sep(b, sq, skv, h, hg, d, mask, fmt)
   end
 end
 
-print("correctness (atol = rtol: f16 1e-3, bf16 1.5e-2; lse 1e-4)")
+print("correctness (atol = rtol: f16 1e-3 outputs / 2.5e-3 gradients, bf16 1.5e-2; lse 1e-4)")
 for _, dt in ipairs({ "bf16", "f16" }) do
   for _, d in ipairs({ 64, 128, 256 }) do
     check(string.format("b2 h4 hg2 s77 d%d causal bshd", d), "cpu", dt, sep(2, 77, 77, 4, 2, d, "causal"))

@@ -50,7 +50,10 @@ if not pcall(ffi.typeof, "al_tensor") then
   ffi.cdef [[ typedef struct al_lua_tensor { al_tensor raw; } al_lua_tensor; ]]
 end
 
-local libpath = libdir and (libdir .. "/libattnlab.so") or "attnlab"
+-- Last resort before the system's library path: package.cpath (where luarocks puts the library).
+local libpath = libdir and (libdir .. "/libattnlab.so")
+  or (package.searchpath and package.searchpath("libattnlab", package.cpath))
+  or "attnlab"
 local ok, C = pcall(ffi.load, libpath)
 if not ok then
   error("attnlab: cannot load " .. libpath .. " (" .. tostring(C) .. "); run `make` first or set ATTNLAB_LIBDIR", 2)
