@@ -82,6 +82,12 @@ static al_status download(al_tensor *out, const al_tensor *dev_t) {
 al_status al_tensor_copy_(al_tensor *dst, const al_tensor *src) {
     AL_TRY(al_check_tensor("copy_", "self", dst));
     AL_TRY(al_check_tensor("copy_", "src", src));
+    /* a destination whose elements share memory (an expanded view: stride 0 over an extent > 1) has no
+     * well-defined result, and a huge one made copy_ loop for hours (found by fuzz_views) */
+    for (int32_t d = 0; d < dst->ndim; d++)
+        if (dst->stride[d] == 0 && dst->size[d] > 1)
+            return al_error(AL_ERR_ARG, "copy_: self has elements that share memory (dim %d is expanded, stride 0); "
+                                        "write into a :clone() or :contiguous() copy instead", d + 1);
     al_tensor s;
     if (al_tensor_expand(&s, src, dst->ndim, dst->size) != AL_OK) {
         char a[160], b[160];
@@ -147,15 +153,19 @@ done:
 al_status al_tensor_clone(al_tensor *out, const al_tensor *t) {
     if (out) memset(out, 0, sizeof *out);
     AL_TRY(al_check_tensor("clone", "self", t));
-    return al_tensor_to(out, t, t->dtype, t->device_type, t->device_index);
+    al_status st = al_tensor_to(out, t, t->dtype, t->device_type, t->device_index);
+    /* name the op the caller called (an out-of-memory message came from "storage:"; found by fuzz_views) */
+    if (st != AL_OK) al_error_prefix(st, "clone");
+    return st;
 }
 
 al_status al_tensor_to(al_tensor *out, const al_tensor *t, int32_t dtype, int32_t device_type, int32_t device_index) {
     if (out) memset(out, 0, sizeof *out);
     AL_TRY(al_check_tensor("to", "self", t));
     if (dtype < 0 || dtype >= AL_DTYPE_COUNT) return al_error(AL_ERR_ARG, "to: unknown dtype code %d", dtype);
-    AL_TRY(al_tensor_empty(out, t->ndim, t->size, dtype, device_type, device_index));
-    al_status st = al_tensor_copy_(out, t);
+    al_status st = al_tensor_empty(out, t->ndim, t->size, dtype, device_type, device_index);
+    if (st != AL_OK) return al_error_prefix(st, "to");
+    st = al_tensor_copy_(out, t);
     if (st != AL_OK) al_tensor_release(out);
     return st;
 }

@@ -121,6 +121,10 @@ al_status al_tensor_alias(al_tensor *out, const al_tensor *t) {
 }
 
 int64_t al_tensor_numel(const al_tensor *t) {
+    /* an empty shape may hold huge extents ([0, 2^40, 2^40] is a valid view): check for a zero first,
+     * or the running product overflows before it meets the zero (UBSan, fuzz_views) */
+    for (int32_t d = 0; d < t->ndim; d++)
+        if (t->size[d] == 0) return 0;
     int64_t n = 1;
     for (int32_t d = 0; d < t->ndim; d++) n *= t->size[d];
     return n;

@@ -17,9 +17,12 @@ static al_status start_view(const char *op, al_tensor *out, const al_tensor *t) 
     return AL_OK;
 }
 
+/* v + 1 for a 1-based message, without overflowing on hostile values (UBSan found dim = INT32_MAX). */
+static long long plus1(int64_t v) { return v == INT64_MAX ? (long long)v : (long long)v + 1; }
+
 static al_status check_dim(const char *op, const al_tensor *t, int32_t dim, int32_t extra) {
     if (dim < 0 || dim >= t->ndim + extra)
-        return al_error(AL_ERR_ARG, "%s: dim %d out of range for a tensor with %d dims", op, dim + 1, t->ndim);
+        return al_error(AL_ERR_ARG, "%s: dim %lld out of range for a tensor with %d dims", op, (long long)dim + 1, t->ndim);
     return AL_OK;
 }
 
@@ -38,8 +41,8 @@ al_status al_tensor_select(al_tensor *out, const al_tensor *t, int32_t dim, int6
     if (out) memset(out, 0, sizeof *out);
     AL_TRY(check_dim("select", t, dim, 0));
     if (index < 0 || index >= t->size[dim])
-        return al_error(AL_ERR_ARG, "select: index %lld out of range for dim %d of size %lld", (long long)index + 1,
-                        dim + 1, (long long)t->size[dim]);
+        return al_error(AL_ERR_ARG, "select: index %lld out of range for dim %lld of size %lld", plus1(index),
+                        (long long)dim + 1, (long long)t->size[dim]);
     AL_TRY(start_view("select", out, t));
     out->offset += index * t->stride[dim];
     drop_dim(out, dim);
@@ -50,9 +53,10 @@ al_status al_tensor_narrow(al_tensor *out, const al_tensor *t, int32_t dim, int6
     AL_TRY(al_check_tensor("narrow", "self", t));
     if (out) memset(out, 0, sizeof *out);
     AL_TRY(check_dim("narrow", t, dim, 0));
-    if (start < 0 || length < 0 || start + length > t->size[dim])
-        return al_error(AL_ERR_ARG, "narrow: range start %lld length %lld out of range for dim %d of size %lld",
-                        (long long)start + 1, (long long)length, dim + 1, (long long)t->size[dim]);
+    /* length > size - start, not start + length > size: the sum overflows on hostile input (fuzz_views) */
+    if (start < 0 || length < 0 || start > t->size[dim] || length > t->size[dim] - start)
+        return al_error(AL_ERR_ARG, "narrow: range start %lld length %lld out of range for dim %lld of size %lld",
+                        plus1(start), (long long)length, (long long)dim + 1, (long long)t->size[dim]);
     AL_TRY(start_view("narrow", out, t));
     out->offset += start * t->stride[dim];
     out->size[dim] = length;
@@ -81,7 +85,7 @@ al_status al_tensor_permute(al_tensor *out, const al_tensor *t, int32_t ndim, co
     int seen[AL_MAX_DIMS] = {0};
     for (int32_t i = 0; i < ndim; i++) {
         if (perm[i] < 0 || perm[i] >= ndim)
-            return al_error(AL_ERR_ARG, "permute: dim %d out of range for a tensor with %d dims", perm[i] + 1, ndim);
+            return al_error(AL_ERR_ARG, "permute: dim %lld out of range for a tensor with %d dims", (long long)perm[i] + 1, ndim);
         if (seen[perm[i]]++)
             return al_error(AL_ERR_ARG, "permute: dim %d appears twice; expected a permutation of 1..%d",
                             perm[i] + 1, ndim);
@@ -187,7 +191,8 @@ al_status al_tensor_reshape(al_tensor *out, const al_tensor *t, int32_t ndim, co
     if (copied) *copied = 0;
     if (compute_view_strides(t, ndim, newsize, newstride)) return al_tensor_view(out, t, ndim, newsize);
     al_tensor c;
-    AL_TRY(al_tensor_clone(&c, t));
+    al_status cst = al_tensor_clone(&c, t);
+    if (cst != AL_OK) return al_error_prefix(cst, "reshape"); /* e.g. out of memory: name the op (fuzz_views) */
     al_status st = al_tensor_view(out, &c, ndim, newsize);
     al_tensor_release(&c);
     if (st == AL_OK && copied) *copied = 1;
@@ -224,6 +229,13 @@ al_status al_tensor_expand(al_tensor *out, const al_tensor *t, int32_t ndim, con
                             td + 1, (long long)t->size[td]);
         }
     }
+    /* the element count must fit int64 (al_tensor_numel and every loop rely on it; found by fuzz_views) */
+    int64_t numel = 1;
+    for (int32_t d = 0; d < ndim; d++)
+        if (__builtin_mul_overflow(numel, ns[d], &numel)) {
+            char a[160];
+            return al_error(AL_ERR_ARG, "expand: shape %s overflows the addressable size", al_shape_str(ndim, ns, a, sizeof a));
+        }
     AL_TRY(start_view("expand", out, t));
     out->ndim = ndim;
     memcpy(out->size, ns, sizeof ns);
@@ -271,8 +283,12 @@ al_status al_tensor_as_strided(al_tensor *out, const al_tensor *t, int32_t ndim,
     for (int32_t d = 0; d < ndim; d++) {
         if (size[d] < 0) return al_error(AL_ERR_ARG, "as_strided: negative size at dim %d", d + 1);
         if (stride[d] < 0) return al_error(AL_ERR_ARG, "as_strided: negative stride at dim %d", d + 1);
-        numel *= size[d];
-        if (size[d] > 0) hi += (size[d] - 1) * stride[d];
+        /* checked arithmetic: a wrapped reach would pass the bounds test below (found by fuzz_views) */
+        int64_t reach = 0;
+        if (__builtin_mul_overflow(numel, size[d], &numel) ||
+            (size[d] > 0 && (__builtin_mul_overflow(size[d] - 1, stride[d], &reach) ||
+                             __builtin_add_overflow(hi, reach, &hi))))
+            return al_error(AL_ERR_ARG, "as_strided: size and stride at dim %d overflow the addressable range", d + 1);
     }
     if (numel > 0 && (lo < 0 || hi >= t->storage_numel))
         return al_error(AL_ERR_ARG,

@@ -278,6 +278,8 @@ function M.install(al)
     local dim = cfg.dim
     check_int(fname, "dim", dim)
     if dim % 2 ~= 0 then error(fname .. ": dim: expected an even number, got " .. dim, 2) end
+    -- a rotary dim is a head dim: anything past 2^16 is a typo (and would build a huge frequency table)
+    if dim < 2 or dim > 65536 then error(fname .. ": dim: expected an even head dim in [2, 65536], got " .. dim, 2) end
     local base = cfg.rotary_base or 10000
     local self = setmetatable({ dim = dim, rotary_base = base, interleaved = cfg.interleaved or false }, cls)
     self.inv_freq = {}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# gpu_sanitize.sh — NVIDIA compute-sanitizer over the #gpu busted specs (issue 11; run on the GPU machine).
+#
+#   scripts/gpu_sanitize.sh [TOOL...]            default tools: memcheck racecheck
+#   O=/tmp/gpu scripts/gpu_sanitize.sh memcheck  build/lib folder as for make (default: the checkout)
+#   SPECS="tests/spec/cuda_spec.lua ..."         spec files to run (default: every spec with a #gpu block)
+#   SANITIZER_TIMEOUT=900                        seconds per (tool, spec file)
+#
+# For each tool and each spec file holding #gpu tests, runs
+#     compute-sanitizer --tool TOOL --error-exitcode 99 [tool options] luajit busted --tags=gpu FILE
+# (busted --tags=gpu selects the #gpu tests only, every backend: unfused, flash, fused), saves the full
+# report in $OUT_DIR/<tool>-<spec>.log (OUT_DIR defaults to $O/build/gpu-sanitize, or $OUT when set by
+# the device runner) and prints one line per run:
+#     gpu-sanitize memcheck cuda_spec: 1 passed, 0 failed (0 errors, 14 tests passed)
+# then the tally of all lines (scripts/tally.sh), so the output ends like `make test`.
+# memcheck runs with --leak-check full (blocks the caching allocator still holds at exit show up as
+# leaks: judge them against al.cuda.memory_reserved) and --check-api-memory-access yes; racecheck reports shared
+# memory hazards in our kernels (flash attention, softmax, reductions). cuBLAS/cuDNN kernels are included:
+# a report inside them is noted in the log with its kernel name, to be judged by hand.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLS=("$@")
+[ ${#TOOLS[@]} -gt 0 ] || TOOLS=(memcheck racecheck)
+O=${O:-.}
+SAN=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+if [ ! -x "$SAN" ]; then
+    echo "gpu_sanitize: compute-sanitizer not found (set COMPUTE_SANITIZER=/path/to/compute-sanitizer)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+OUT_DIR=${OUT:-$O/build/gpu-sanitize}
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/tally.log"
+rm -f "$LOG"
+TIMEOUT=${SANITIZER_TIMEOUT:-900}
+
+# Build the library and the CUDA plugin (host-side debug info helps the reports name our frames).
+make O="$O" all >"$OUT_DIR/build.log" 2>&1 || { tail -30 "$OUT_DIR/build.log"; echo "0 passed, 1 failed"; exit 1; }
+
+if [ -z "${SPECS:-}" ]; then
+    SPECS=$(grep -l '#gpu' tests/spec/*_spec.lua | tr '\n' ' ')
+fi
+
+export ATTNLAB_LIBDIR=$(cd "$O/lib" && pwd)
+export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;${LUA_PATH:-;}"
+# A fresh NVRTC kernel cache, so every runtime-compiled kernel is built (and checked) in this run.
+export ATTNLAB_CACHE_DIR="$OUT_DIR/kernel-cache"
+
+for tool in "${TOOLS[@]}"; do
+    case "$tool" in
+        memcheck) opts=(--leak-check full --check-api-memory-access yes --report-api-errors explicit) ;;
+        racecheck) opts=(--racecheck-report hazard) ;;
+        initcheck) opts=() ;;
+        synccheck) opts=() ;;
+        *) echo "gpu_sanitize: unknown tool $tool"; exit 2 ;;
+    esac
+    for spec in $SPECS; do
+        name=$(basename "$spec" .lua)
+        out="$OUT_DIR/$tool-$name.log"
+        echo "== compute-sanitizer --tool $tool $spec"
+        timeout "$TIMEOUT" "$SAN" --tool "$tool" --error-exitcode 99 --print-limit 200 "${opts[@]}" \
+            luajit /usr/bin/busted --ignore-lua --tags=gpu -o tests/spec/summary.lua "$spec" >"$out" 2>&1
+        rc=$?
+        errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$out" | tail -1 | grep -Eo '[0-9]+$' || true)
+        hazards=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+ hazard' "$out" | tail -1 | grep -Eo '[0-9]+' || true)
+        suite=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$out" | tail -1)
+        [ -n "$errors" ] || errors="?"
+        note="$errors errors${hazards:+, $hazards hazards}; specs: ${suite:-no tally}"
+        if [ "$rc" = 0 ] && [ "$errors" = 0 ]; then
+            echo "gpu-sanitize $tool $name: 1 passed, 0 failed ($note)" | tee -a "$LOG"
+        else
+            [ "$rc" = 124 ] && note="timed out after ${TIMEOUT}s; $note"
+            grep -E '^=========' "$out" | grep -vE 'COMPUTE-SANITIZER|ERROR SUMMARY' | head -20
+            echo "gpu-sanitize $tool $name: 0 passed, 1 failed (exit $rc; $note; see $out)" | tee -a "$LOG"
+        fi
+    done
+done
+sh scripts/tally.sh "$LOG"
