@@ -479,3 +479,32 @@ describe("declared, detected and separate inputs through the CPU forward", funct
     end
   end)
 end)
+
+describe("the declared path under the JIT", function()
+  it("compiles: no trace aborts for NYI or inner loops inside layout.lua", function()
+    local al = require "attnlab"
+    local buf = al.randn({2, 16, 3, 4, 8})
+    local a = { qkv_layer = buf, qkv_interleave_dim = -3, qkv_format = "bshd" }
+    local u = al.attention.unpack_qkv
+    local log = os.tmpname()
+    local jv = require "jit.v"
+    jit.flush()
+    jv.start(log)
+    for _ = 1, 20000 do local _q, _k, _v, l = u(a) end
+    jv.off()
+    local f = assert(io.open(log))
+    local text = f:read("*a")
+    f:close()
+    os.remove(log)
+    for line in text:gmatch("[^\n]+") do
+      if line:find("TRACE ---", 1, true) and line:find("layout.lua", 1, true)
+        and (line:find("NYI", 1, true) or line:find("inner loop", 1, true)) then
+        error("the declared path aborts a trace: " .. line)
+      end
+    end
+    -- and a fresh table with a misspelt name is still caught
+    local ok, err = pcall(u, { qkv_layer = buf, qkv_interleave_dims = -3, qkv_format = "bshd" })
+    assert.is_false(ok)
+    assert.matches("unknown argument 'qkv_interleave_dims'", err)
+  end)
+end)
