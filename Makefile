@@ -163,6 +163,9 @@ test-asan:
 comma        := ,
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
+# FUZZ_SEED=N makes a run repeatable (CI uses a fixed seed, so a red CI is a reproducible finding, not
+# a lottery); empty = libFuzzer's random seed, for exploring.
+FUZZ_SEED    ?=
 FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_FLAGS   := -g -O1 -std=gnu11 -fopenmp -ffp-contract=off -fsanitize=fuzzer,address,undefined \
@@ -188,7 +191,7 @@ fuzz: fuzz-build
 	for t in $(FUZZ_TARGETS); do \
 		mkdir -p $(FUZZ_DIR)/corpus-$$t; cp -f tests/fuzz/corpus/$$t/* $(FUZZ_DIR)/corpus-$$t/ 2>/dev/null; \
 		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
-		if ( cd $(FUZZ_DIR) && env $(ASAN_ENV) OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ./$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+		if ( cd $(FUZZ_DIR) && env $(ASAN_ENV) OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ./$$t -max_total_time=$(FUZZ_SECONDS) $(if $(FUZZ_SEED),-seed=$(FUZZ_SEED)) -timeout=10 -rss_limit_mb=2048 \
 				-print_final_stats=1 corpus-$$t >$$t.log 2>&1 ); then \
 			echo "fuzz $$t: 1 passed, 0 failed ($$(grep -o 'stat::number_of_executed_units: *[0-9]*' $(FUZZ_DIR)/$$t.log | grep -o '[0-9]*$$') executions)" \
 				| tee -a $(FUZZ_DIR)/fuzz.log; \

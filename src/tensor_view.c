@@ -36,6 +36,15 @@ static void drop_dim(al_tensor *t, int32_t dim) {
     t->stride[t->ndim] = 0;
 }
 
+/* offset + index * stride without signed overflow. It can only overflow for an empty tensor (an extent
+ * of 0 elsewhere lets any stride pass the bounds checks: fuzz_views found stride INT64_MAX); such a view
+ * addresses nothing, so its offset stays where it was. */
+static int64_t step_offset(int64_t offset, int64_t index, int64_t stride) {
+    int64_t step, res;
+    if (__builtin_mul_overflow(index, stride, &step) || __builtin_add_overflow(offset, step, &res)) return offset;
+    return res;
+}
+
 al_status al_tensor_select(al_tensor *out, const al_tensor *t, int32_t dim, int64_t index) {
     AL_TRY(al_check_tensor("select", "self", t));
     if (out) memset(out, 0, sizeof *out);
@@ -44,7 +53,7 @@ al_status al_tensor_select(al_tensor *out, const al_tensor *t, int32_t dim, int6
         return al_error(AL_ERR_ARG, "select: index %lld out of range for dim %lld of size %lld", plus1(index),
                         (long long)dim + 1, (long long)t->size[dim]);
     AL_TRY(start_view("select", out, t));
-    out->offset += index * t->stride[dim];
+    out->offset = step_offset(out->offset, index, t->stride[dim]);
     drop_dim(out, dim);
     return AL_OK;
 }
@@ -58,7 +67,7 @@ al_status al_tensor_narrow(al_tensor *out, const al_tensor *t, int32_t dim, int6
         return al_error(AL_ERR_ARG, "narrow: range start %lld length %lld out of range for dim %lld of size %lld",
                         plus1(start), (long long)length, (long long)dim + 1, (long long)t->size[dim]);
     AL_TRY(start_view("narrow", out, t));
-    out->offset += start * t->stride[dim];
+    out->offset = step_offset(out->offset, start, t->stride[dim]);
     out->size[dim] = length;
     return AL_OK;
 }
@@ -254,7 +263,11 @@ al_status al_tensor_unsqueeze(al_tensor *out, const al_tensor *t, int32_t dim) {
         out->stride[d] = out->stride[d - 1];
     }
     out->size[dim] = 1;
-    out->stride[dim] = dim < t->ndim ? t->size[dim] * t->stride[dim] : 1;
+    /* PyTorch's choice, size * stride; any stride serves an extent-1 dim, so 1 where that product
+     * overflows (an empty tensor may carry any stride: fuzz_views) */
+    int64_t st = 1;
+    if (dim < t->ndim && __builtin_mul_overflow(t->size[dim], t->stride[dim], &st)) st = 1;
+    out->stride[dim] = st;
     out->ndim++;
     return AL_OK;
 }

@@ -150,6 +150,31 @@ static void test_copy_into_expanded(void) {
     al_tensor_release(&src);
 }
 
+/* fuzz_views (found in a CI fuzz run): an empty tensor may carry any stride (an extent of 0 elsewhere),
+ * so select/narrow's index * stride overflowed (UBSan). The offset of an empty view now stays put. */
+static void test_select_on_empty_huge_stride(void) {
+    int64_t sz[2] = {9, 0};
+    al_tensor base = mk(2, sz, AL_DTYPE_F32), e, s, w;
+    /* the descriptor the fuzzer reached through a chain of views, written directly */
+    CHECK_OK(al_tensor_alias(&e, &base));
+    e.stride[0] = INT64_MAX;
+    e.offset = 1;
+    CHECK_OK(al_tensor_select(&s, &e, 0, 8));
+    CHECK(s.offset == 1 && s.ndim == 1 && s.size[0] == 0, "empty select keeps its offset: %lld", (long long)s.offset);
+    CHECK_OK(al_tensor_narrow(&w, &e, 0, 8, 1));
+    CHECK(w.offset == 1 && w.size[0] == 1, "empty narrow keeps its offset: %lld", (long long)w.offset);
+    al_tensor_release(&s);
+    al_tensor_release(&w);
+    /* unsqueeze's new stride, size * stride, overflowed the same way */
+    al_tensor u;
+    e.size[0] = (int64_t)1 << 40;
+    CHECK_OK(al_tensor_unsqueeze(&u, &e, 0));
+    CHECK(u.ndim == 3 && u.size[0] == 1 && u.stride[1] == INT64_MAX, "unsqueeze of an empty huge-stride view");
+    al_tensor_release(&u);
+    al_tensor_release(&e);
+    al_tensor_release(&base);
+}
+
 int main(void) {
     int64_t live0 = al_storage_live_count();
     RUN(test_as_strided_overflow);
@@ -160,6 +185,7 @@ int main(void) {
     RUN(test_thd_padded_error_after_free);
     RUN(test_alibi_empty_batch);
     RUN(test_copy_into_expanded);
+    RUN(test_select_on_empty_huge_stride);
     if (al_storage_live_count() != live0) {
         fprintf(stderr, "FAIL leak: %lld storages live, %lld before\n", (long long)al_storage_live_count(), (long long)live0);
         t_failed++;
