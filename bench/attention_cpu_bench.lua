@@ -24,16 +24,7 @@ do
   end
 end
 
-local ffi = require "ffi"
-if not pcall(ffi.typeof, "struct al_bench_timespec") then
-  ffi.cdef [[ struct al_bench_timespec { long tv_sec; long tv_nsec; };
-              int clock_gettime(int clk, struct al_bench_timespec *ts); ]]
-end
-local ts = ffi.new("struct al_bench_timespec")
-local function wall()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local wall = al.clock
 
 -- best of `reps` timings after one warm-up
 local function time(fn, reps)

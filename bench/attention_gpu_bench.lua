@@ -49,15 +49,7 @@ local function emit(rec)
   if jf then jf:write(json(rec), "\n"); jf:flush() end
 end
 
-if not pcall(ffi.typeof, "struct al_gbench_timespec") then
-  ffi.cdef [[ struct al_gbench_timespec { long tv_sec; long tv_nsec; };
-              int clock_gettime(int clk, struct al_gbench_timespec *ts); ]]
-end
-local tsp = ffi.new("struct al_gbench_timespec")
-local function wall()
-  ffi.C.clock_gettime(1, tsp)
-  return tonumber(tsp.tv_sec) + tonumber(tsp.tv_nsec) * 1e-9
-end
+local wall = al.clock
 
 -- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
 local function gpu_time(fn)

@@ -12,15 +12,8 @@ Run: make bench, or ATTNLAB_LIBDIR=lib LUA_PATH="lua/?.lua;lua/?/init.lua;;" lua
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 
-local ffi = require "ffi"
-pcall(ffi.cdef, "typedef struct al_bench_timespec { long tv_sec; long tv_nsec; } al_bench_timespec;" ..
-  "int clock_gettime(int clk_id, al_bench_timespec *tp);")
-local ts = ffi.new("al_bench_timespec")
 -- wall time (CLOCK_MONOTONIC): os.clock would add the CPU time of idle-spinning OpenMP threads
-local function clock()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local clock = al.clock
 
 local N = 100000
 

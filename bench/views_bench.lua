@@ -7,15 +7,7 @@ and prints µs per call. Run: make bench (or luajit bench/views_bench.lua from t
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 
-local function now()
-  local ffi = require "ffi"
-  if not pcall(ffi.typeof, "struct timespec") then
-    ffi.cdef [[ struct timespec { long tv_sec; long tv_nsec; }; int clock_gettime(int, struct timespec *); ]]
-  end
-  local ts = ffi.new("struct timespec")
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = al.clock
 
 local qkv = al.randn({2, 128, 3, 16, 64})
 local N = 1000000

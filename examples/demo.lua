@@ -12,17 +12,8 @@ implementation), whether a DeprecationWarning fired, and the time per call (forw
 ]]
 package.path = "lua/?.lua;lua/?/init.lua;tests/spec/?.lua;" .. package.path
 local al = require "attnlab"
-local ffi = require "ffi"
 
-if not pcall(ffi.typeof, "struct al_demo_timespec") then
-  ffi.cdef [[ struct al_demo_timespec { long tv_sec; long tv_nsec; };
-              int clock_gettime(int clk, struct al_demo_timespec *ts); ]]
-end
-local ts = ffi.new("struct al_demo_timespec")
-local function wall()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local wall = al.clock
 
 local B, S, H, D = 2, 256, 8, 64
 local FMT, MASK = "bshd", "causal"

@@ -138,6 +138,7 @@ function M.ipairs(list, opts)
 end
 
 function M.install(al)
+  al.clock = M.clock -- monotonic seconds, for scripts and benchmarks
   al.progress = setmetatable({ new = M.new, ipairs = M.ipairs, clock = M.clock, Bar = Bar },
     { __call = function(_, total, opts) return M.new(total, opts) end })
 end
