@@ -18,8 +18,13 @@ num_gqa_groups (heads), attention_type ("self" | "cross"), qkv_format ("sbhd"), 
 bias (true), rotary (false | true | {rotary_base=, interleaved=, dim=}), qk_norm_type (or qk_norm:
 "RMSNorm" | "LayerNorm" | "L2Normalization" | true), qk_norm_eps (1e-6), qk_norm_before_rope (false),
 attention_dropout (0.1, TE's default), attn_mask_type ("causal"), window_size, softmax_type,
-layer_number (1), backend, compute_dtype (DPA's: "f32" | "f64"), params_dtype ("f32"), device ("cpu");
-fp8_recipe is refused (not implemented here).
+layer_number (1), backend, compute_dtype (DPA's: "f32" | "f64"), params_dtype ("f32"), device ("cpu"),
+fp8_recipe (an al.fp8 recipe, default none).
+
+FP8: fp8_recipe is handed to the core DotProductAttention, so FP8 covers the attention core only
+(TE's fp8_dpa without fp8_mha): the QKV, query/key-value and output projections, the layernorm,
+QK-norm and RoPE stay in high precision (params_dtype). The recipe's state is updated by every
+forward (qkv, s, o slots) and backward (do, dp, dqkv slots) through the core attention.
 
 The pass-through (TE's packed_dpa_eligible): self-attention with no RoPE, no QK-norm, no KV cache and
 no GQA hands the projection output to DPA as qkv_layer, viewed [.., h, 3, d] with
@@ -95,8 +100,12 @@ function M.install(al)
     if fmt ~= "sbhd" and fmt ~= "bshd" and fmt ~= "thd" then
       error(fname .. ": qkv_format: expected 'sbhd', 'bshd' or 'thd', got " .. tostring(fmt), 2)
     end
-    if cfg.fp8_recipe ~= nil then
-      error(fname .. ": fp8_recipe: FP8 projections are not implemented in MultiheadAttention yet", 2)
+    if cfg.fp8_recipe ~= nil and cfg.fp8_recipe ~= false then
+      local fp8 = require "attnlab.fp8"
+      if not fp8.is_recipe(cfg.fp8_recipe) then
+        error(fname .. ": fp8_recipe: expected an al.fp8 recipe (al.fp8.DelayedScaling{...}, ...), got " ..
+          type(cfg.fp8_recipe), 2)
+      end
     end
     local norm = cfg.normalization or "LayerNorm"
     if norm ~= "LayerNorm" and norm ~= "RMSNorm" then
@@ -139,7 +148,9 @@ function M.install(al)
     self.core_attention = al.DotProductAttention{ num_attention_heads = h, kv_channels = d, num_gqa_groups = ng,
       attention_dropout = cfg.attention_dropout == nil and 0.1 or cfg.attention_dropout, qkv_format = fmt,
       attn_mask_type = cfg.attn_mask_type or "causal", window_size = cfg.window_size, softmax_type = cfg.softmax_type,
-      backend = cfg.backend, softmax_scale = cfg.softmax_scale, compute_dtype = cfg.compute_dtype }
+      backend = cfg.backend, softmax_scale = cfg.softmax_scale, compute_dtype = cfg.compute_dtype,
+      fp8_recipe = cfg.fp8_recipe }   -- FP8 for the attention core only (fp8_dpa, not fp8_mha)
+    self.fp8_recipe = cfg.fp8_recipe
     self.proj = al.nn.Linear{ in_features = h * d, out_features = hidden, bias = popts.bias,
       params_dtype = popts.params_dtype, device = popts.device }
     self.train = true

@@ -12,6 +12,9 @@ Per-call arguments (attn_mask_type, window_size, qkv_format, ...) override the m
 in TE's forward. Dropout applies in training mode only (dpa:training() / dpa:evaluate(); training is
 the default, as torch.nn). Gradients of the learnable offset accumulate into dpa.grad_softmax_offset
 until dpa:zeroGradParameters().
+With inference_params (an al.nn.InferenceParams KV cache) the forward takes the path of
+al.inference.forward with the module's settings (layer_number, default 1; packed inputs refused as in
+TE) and is inference only.
 ]]
 local M = {}
 
@@ -80,6 +83,15 @@ function M.install(al)
 
   function DPA:forward(input)
     if type(input) ~= "table" then error("DotProductAttention:forward: expected a table of inputs, got " .. type(input), 2) end
+    if input.inference_params ~= nil then
+      -- a KV cache: the same path as al.inference.forward with this module's settings (packed
+      -- qkv_layer / kv_layer are refused there with TE's message); inference only, no ctx
+      local ok, out = pcall(al.inference.forward, input, self)
+      if not ok then error(out, 0) end
+      self.ctx, self.output, self.max_logit, self.inference = nil, out, nil, true
+      return out
+    end
+    self.inference = nil
     local out, a, b = al.attention._forward_with(input, self:_defaults(), 2)
     if self.return_max_logit or input.return_max_logit then
       self.ctx, self.output, self.max_logit = b, out, a
@@ -91,6 +103,9 @@ function M.install(al)
   DPA.updateOutput = DPA.forward
 
   function DPA:backward(input, dout)
+    if self.inference then
+      error("DotProductAttention:backward: the forward ran with inference_params (a KV cache): inference only", 2)
+    end
     if not self.ctx then error("DotProductAttention:backward: call forward first", 2) end
     if input ~= nil and input ~= self.ctx.args then
       -- Torch7 passes the input again; it must be the one the forward saw

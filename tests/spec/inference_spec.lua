@@ -40,7 +40,9 @@ local function make_data(dev)
 end
 
 -- Run the schedule through al.inference.forward; returns outputs[id][pos] = row tensor [h*d].
-local function decode(data, ip_cfg, fmt)
+-- fwd (optional): replaces al.inference.forward (e.g. a DotProductAttention's forward); it gets the
+-- arguments without attn_mask_type when `module_mask` is set (the module supplies it).
+local function decode(data, ip_cfg, fmt, fwd, module_mask)
   local ip = al.nn.InferenceParams(ip_cfg)
   local got, done = {}, {}
   for _, step in ipairs(SCHEDULE) do
@@ -66,8 +68,9 @@ local function decode(data, ip_cfg, fmt)
       dst(v):copy_(data[id].v:narrow(1, start, len))
       row = row + len
     end
-    local out = al.inference.forward{ query_layer = q, key_layer = k, value_layer = v, inference_params = ip,
-      qkv_format = use_bshd and "bshd" or "thd", attn_mask_type = "padding_causal" }
+    local args = { query_layer = q, key_layer = k, value_layer = v, inference_params = ip,
+      qkv_format = use_bshd and "bshd" or "thd", attn_mask_type = (not module_mask) and "padding_causal" or nil }
+    local out = (fwd or al.inference.forward)(args)
     row = 0
     for i, e in ipairs(step) do
       local id, len = e[1], e[2]
@@ -238,6 +241,65 @@ describe("InferenceParams (KV cache)", function()
         assert.is_true(al.max_abs_diff(out, ref:narrow(1, t, 1)) < 1e-5)
       end
     end
+  end)
+
+  it("DotProductAttention:forward with inference_params equals al.inference.forward bit for bit (module settings apply)", function()
+    local data = make_data()
+    for _, cfg in ipairs({ NONPAGED, PAGED }) do
+      for _, fmt in ipairs({ "thd", "bshd" }) do
+        local a = decode(data, cfg, fmt)
+        local dpa = al.DotProductAttention{ num_attention_heads = H, kv_channels = D, num_gqa_groups = HG,
+          attention_dropout = 0.3, qkv_format = "thd", attn_mask_type = "padding_causal" }
+        dpa:evaluate()
+        local calls = 0
+        local b = decode(data, cfg, fmt, function(args) calls = calls + 1 return dpa:forward(args) end, true)
+        assert.equal(#SCHEDULE, calls)
+        local n = 0
+        for id, rows in pairs(a) do
+          for pos, r in ipairs(rows) do
+            assert.equal(0, al.max_abs_diff(r, b[id][pos]), "sequence " .. id .. " position " .. pos)
+            n = n + 1
+          end
+        end
+        assert.equal(27, n)
+        check_against_reference(data, b, TOL)
+        assert.has_error(function() dpa:backward(nil, al.randn({ 1, H * D })) end,
+          "DotProductAttention:backward: the forward ran with inference_params (a KV cache): inference only")
+      end
+    end
+    -- the module's mask is the one checked (a causal module without padding is refused, as TE)
+    local ip = al.nn.InferenceParams(NONPAGED)
+    ip:pre_step{ { 1, 2 } }
+    local q, k = al.randn({ 2, H, D }), al.randn({ 2, HG, D })
+    local causal = al.DotProductAttention{ num_attention_heads = H, kv_channels = D, num_gqa_groups = HG, qkv_format = "thd" }
+    local ok, err = pcall(causal.forward, causal, { query_layer = q, key_layer = k, value_layer = k, inference_params = ip })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("KV caching requires padding mask!", 1, true), tostring(err))
+    -- a module's softmax_scale reaches the cached attention
+    local function one(scale)
+      local ipx = al.nn.InferenceParams(NONPAGED)
+      ipx:pre_step{ { 1, 2 } }
+      local m = al.DotProductAttention{ num_attention_heads = H, kv_channels = D, num_gqa_groups = HG, qkv_format = "thd",
+        attn_mask_type = "padding_causal", softmax_scale = scale }
+      return m:forward{ query_layer = q, key_layer = k, value_layer = k, inference_params = ipx }
+    end
+    assert.is_true(al.max_abs_diff(one(0.05), one(1.5)) > 1e-3)
+  end)
+
+  it("DotProductAttention:forward refuses packed inputs with a KV cache with TE's message", function()
+    local ip = al.nn.InferenceParams(NONPAGED)
+    ip:pre_step{ { 1, 2 } }
+    local dpa = al.DotProductAttention{ num_attention_heads = H, kv_channels = D, num_gqa_groups = HG, qkv_format = "thd",
+      attn_mask_type = "padding_causal" }
+    local msg = "packed inputs (qkv_layer/kv_layer) are not supported with KV caching (inference_params); " ..
+      "pass separate query_layer, key_layer and value_layer tensors instead"
+    local ok, err = pcall(dpa.forward, dpa, { qkv_layer = al.randn({ 2, 3, H, D }), inference_params = ip })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(msg, 1, true), tostring(err))
+    ok, err = pcall(dpa.forward, dpa, { query_layer = al.randn({ 2, H, D }), kv_layer = al.randn({ 2, 2, HG, D }),
+      inference_params = ip })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find(msg, 1, true), tostring(err))
   end)
 
   it("refuses packed inputs with a KV cache with TE's message, and masks without padding", function()

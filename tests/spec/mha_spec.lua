@@ -425,11 +425,73 @@ describe("MultiheadAttention", function()
     assert.has_error(function() al.nn.MultiheadAttention{ hidden_size = 8, num_attention_heads = 3 } end,
       "MultiheadAttention: hidden_size (8) must be divisible by num_attention_heads (3) unless kv_channels is given")
     assert.has_error(function() al.nn.MultiheadAttention{ hidden_size = 8, num_attention_heads = 2, fp8_recipe = {} } end,
-      "MultiheadAttention: fp8_recipe: FP8 projections are not implemented in MultiheadAttention yet")
+      "MultiheadAttention: fp8_recipe: expected an al.fp8 recipe (al.fp8.DelayedScaling{...}, ...), got table")
     assert.has_error(function() a:forward(al.randn({ 2, 8 })) end,
       "MultiheadAttention:forward: hidden_states: expected a 3D tensor [s, b, 8] for qkv_format=sbhd, got [2,8]")
     assert.has_error(function() a:backward(al.randn({ 3, 2, 8 }), al.randn({ 3, 2, 8 })) end,
       "MultiheadAttention:backward: input differs from the forward's input")
+  end)
+end)
+
+describe("MultiheadAttention with fp8_recipe (FP8 attention core, projections in high precision)", function()
+  local function vals(t) return t:contiguous():flat_values() end
+  it("output and parameter gradients stay close to the same MHA without FP8; the recipe's state updates", function()
+    -- E4M3 everywhere (3 mantissa bits also for the backward's dO, dP, dQKV)
+    local r = al.fp8.DelayedScaling{ margin = 0, fp8_format = "E4M3", amax_history_len = 4, amax_compute_algo = "max" }
+    local function build(rec)
+      al.manual_seed(7)
+      return al.nn.MultiheadAttention{ hidden_size = 64, num_attention_heads = 4, qkv_format = "bshd",
+        attention_dropout = 0, fp8_recipe = rec }
+    end
+    local a, b = build(r), build(nil)
+    assert.equal(r, a.core_attention.fp8_recipe)
+    assert.is_nil(b.core_attention.fp8_recipe)
+    assert.equal(0, #r:state().qkv.amax_history)
+    -- step 1 runs with the recipe's initial scales, step 2 with the delayed scales step 1 recorded
+    for step = 1, 2 do
+      al.manual_seed(30 + step)
+      local x = al.randn({ 2, 16, 64 })
+      local ya, yb = a:forward(x), b:forward(x)
+      local st = r:state()
+      for _, slot in ipairs({ "qkv", "s", "o" }) do
+        assert.equal(step, #st[slot].amax_history, slot .. " amax history after forward " .. step)
+        assert.is_true(st[slot].amax_history[1] > 0, slot .. " amax recorded")
+      end
+      assert.equal(step - 1, #st["do"].amax_history)       -- the backward slots move in the backward only
+      local av, bv = vals(ya), vals(yb)
+      local se, lo, hi, differ = 0, math.huge, -math.huge, false
+      for i = 1, #bv do
+        se = se + (av[i] - bv[i]) ^ 2
+        lo, hi = math.min(lo, bv[i]), math.max(hi, bv[i])
+        if av[i] ~= bv[i] then differ = true end
+      end
+      local rr = math.sqrt(se / #bv) / (hi - lo)
+      assert.is_true(differ, "the FP8 path must change the output")
+      assert.is_true(rr < 0.11, string.format("step %d: output RMSE/range = %.5f (limit 0.11)", step, rr))
+
+      al.manual_seed(40 + step)
+      local dy = al.randn_like(ya)
+      a:zero_grad(); b:zero_grad()
+      a:backward(x, dy); b:backward(x, dy)
+      st = r:state()
+      for _, slot in ipairs({ "do", "dp", "dqkv" }) do
+        assert.equal(step, #st[slot].amax_history, slot .. " amax history after backward " .. step)
+      end
+      local _, ga = a:parameters()
+      local _, gb = b:parameters()
+      assert.equal(#gb, #ga)
+      for i = 1, #ga do
+        local gv, hv = vals(ga[i]), vals(gb[i])
+        local num, den = 0, 0
+        for j = 1, #hv do
+          assert.is_true(gv[j] == gv[j] and math.abs(gv[j]) < math.huge, "finite gradient")
+          num, den = num + (gv[j] - hv[j]) ^ 2, den + hv[j] ^ 2
+        end
+        local e = math.sqrt(num / den)
+        assert.is_true(den > 0)
+        assert.is_true(e < 0.1, string.format("step %d: parameter %d gradient relative norm error = %.5f (limit 0.1)", step, i, e))
+      end
+    end
   end)
 end)
 
