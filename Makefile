@@ -107,16 +107,20 @@ demo: deps all
 	@$(LUA_ENV) $(LUAJIT) examples/demo.lua
 
 # Debian packages the build and tests need; installed only when missing.
-DEB_PKGS := luajit libluajit-5.1-dev lua-busted libopenblas-dev
-deps:
-	@missing=""; for p in $(DEB_PKGS); do \
+# $(call apt_install,VAR,what): apt-get installs the Debian packages listed in $(VAR) that are missing
+# (sudo when not root); says so when none is. Used by deps, deps-fuzz and deps-notebook.
+apt_install = missing=""; for p in $($(1)); do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 		echo "attnlab: installing$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	else echo "attnlab: dependencies present ($(DEB_PKGS))"; fi
+	else echo "attnlab: $(2) present ($($(1)))"; fi
+
+DEB_PKGS := luajit libluajit-5.1-dev lua-busted libopenblas-dev
+deps:
+	@$(call apt_install,DEB_PKGS,dependencies)
 
 # ---- reliability: sanitizers and fuzzing (tests/asan/, tests/fuzz/, docs/RELIABILITY.md) -----------
 #   make test-asan   the core library and C tests rebuilt with AddressSanitizer + UndefinedBehavior-
@@ -200,14 +204,7 @@ fuzz: fuzz-build
 
 FUZZ_DEB_PKGS := clang libclang-rt-14-dev libomp-14-dev
 deps-fuzz:
-	@missing=""; for p in $(FUZZ_DEB_PKGS); do \
-		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-		echo "attnlab: installing$$missing"; \
-		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	else echo "attnlab: fuzzing dependencies present ($(FUZZ_DEB_PKGS))"; fi
+	@$(call apt_install,FUZZ_DEB_PKGS,fuzzing dependencies)
 # ---- end of the reliability block ---------------------------------------------------------------
 
 # ---- workbench: docs, notebooks (docs/, notebooks/, scripts/gen_api_docs.lua) ---------------------
@@ -226,14 +223,7 @@ docs: all
 	@$(LUA_ENV) $(LUAJIT) scripts/gen_api_docs.lua docs/REFERENCE.md
 
 deps-notebook:
-	@missing=""; for p in $(NB_DEB_PKGS); do \
-		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-		echo "attnlab: installing$$missing"; \
-		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	else echo "attnlab: notebook dependencies present ($(NB_DEB_PKGS))"; fi
+	@$(call apt_install,NB_DEB_PKGS,notebook dependencies)
 
 notebook-kernel: all
 	@command -v jupyter >/dev/null 2>&1 || { echo "attnlab: jupyter is not installed: run make deps-notebook"; exit 1; }
