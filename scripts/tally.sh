@@ -53,7 +53,8 @@ if [ "${1:-}" = run ]; then
     if [ "$status" != 0 ]; then
         set -- $(sum_lines "$out")
         if [ "$2" = 0 ]; then
-            echo "$name: 0 passed, 1 failed (exit status $status, no failure reported)" | tee -a "$log"
+            { echo "FAIL $*: exit status $status, no failure reported"
+              echo "$name: 0 passed, 1 failed (exit status $status, no failure reported)"; } | tee -a "$log"
         fi
     fi
     rm -f "$out" "$st"
@@ -66,6 +67,10 @@ if [ ! -r "$log" ]; then
     echo "0 passed, 1 failed"
     exit 1
 fi
+# Every "FAIL ..." line of the log (C tests and busted specs both write them) again, just above the total:
+# a CI log is often read from its tail only.
+fails=$(sed 's/\x1b\[[0-9;]*[A-Za-z]//g' "$log" | grep -E '^FAIL ' | head -50)
+[ -n "$fails" ] && printf 'failures:\n%s\n' "$fails"
 set -- $(sum_lines "$log")
 passed=$1 failed=$2 skipped=$3 suites=$4
 if [ "$suites" = 0 ]; then

@@ -15,7 +15,8 @@ In the REPL
   - an incomplete chunk ('<eof>' errors) continues on the next line (prompt `..>`)
   - errors print their message and the REPL carries on; Ctrl-C at the prompt is ignored, and during
     a command it interrupts it (LuaJIT's "interrupted!" error) without leaving the REPL
-  - a command that takes longer than 0.1 s reports its wall time
+  - at the interactive prompt, a command that takes longer than 0.1 s reports its wall time (not when
+    stdin is piped or with -e: a script's output must not depend on how loaded the machine is)
   - `?name` prints help for name (al.help when present, else the comment above the function's
     definition and its parameters, the text docs/REFERENCE.md is generated from; for al.C.al_*
     functions, their comment in include/attnlab.h); `?` alone lists these commands; `$ cmd` runs a
@@ -268,8 +269,9 @@ M.fmt_seconds = fmt_seconds
 
 -- Run one complete chunk; print its values unless `quiet`. Returns true on success.
 -- `timing` (the %time command): {sync = function or nil}: the GPU is synchronised before the clock
--- starts and again before it is read, and the wall time is always printed.
-function M.run_chunk(fn, quiet, is_expr, timing)
+-- starts and again before it is read, and the wall time is always printed. `report_slow`: print
+-- "(N s)" after a command slower than 0.1 s (the interactive prompt only).
+function M.run_chunk(fn, quiet, is_expr, timing, report_slow)
     if timing and timing.sync then pcall(timing.sync) end
     local t0 = now()
     local r = pack(xpcall(fn, handler, pack))
@@ -301,7 +303,7 @@ function M.run_chunk(fn, quiet, is_expr, timing)
     if timing then
         io.write(format("%%time: wall %s%s\n", fmt_seconds(dt),
             timing.sync and " (GPU synchronised before and after)" or " (no GPU: CPU only)"))
-    elseif dt > 0.1 then
+    elseif report_slow and dt > 0.1 then
         io.write(format("(%.3f s)\n", dt))
     end
     io.stdout:flush()
@@ -659,7 +661,7 @@ function M.loop(al, interactive)
             if fn then
                 buf = nil
                 local quiet = chunk:match(";%s*$") ~= nil
-                if not M.run_chunk(fn, quiet, err) then failed = true end
+                if not M.run_chunk(fn, quiet, err, nil, interactive) then failed = true end
             elseif err == "incomplete" then
                 buf = chunk
             else

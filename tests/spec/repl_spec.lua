@@ -34,6 +34,30 @@ local function repl(input)
 end
 
 describe("attnlab REPL (piped stdin)", function()
+    it("a slow command adds no timing line when piped (output must not depend on machine load)", function()
+        local out, rc = repl("(function() os.execute('sleep 0.15') return 7 end)()\n")
+        assert.equal(0, rc)
+        assert.same({ "7" }, out)
+    end)
+
+    it("at the interactive prompt a command slower than 0.1 s reports its wall time, a fast one does not", function()
+        package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+        local R = require "attnlab.repl"
+        local written = {}
+        local real_write = io.write
+        io.write = function(...) for _, s in ipairs({ ... }) do written[#written + 1] = tostring(s) end end
+        local ok, err = pcall(function()
+            R.run_chunk(function() os.execute("sleep 0.15") end, true, nil, nil, true)
+            R.run_chunk(function() end, true, nil, nil, true)
+            R.run_chunk(function() os.execute("sleep 0.15") end, true, nil, nil, false)
+        end)
+        io.write = real_write
+        assert(ok, err)
+        local text = table.concat(written)
+        local n = select(2, text:gsub("%(%d+%.%d+ s%)", ""))
+        assert.equal(1, n, text)
+    end)
+
     it("prints expression values without '=' and nothing for statements", function()
         local out, rc = repl("1+1\nx = 3\nx*2\n'a'..'b'\nnil\n")
         assert.same({ "2", "6", "ab", "nil" }, out)
