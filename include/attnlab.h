@@ -467,6 +467,35 @@ typedef struct al_attn_params {
 /* FP8 settings of one call (defined in the FP8 section below). */
 typedef struct al_attn_fp8 al_attn_fp8;
 
+/* A variant scripted in Lua (lua/attnlab/variants.lua traces score_mod / mask_mod and writes this):
+ * CUDA C source for the flash kernels' hook points (kernels/flash_common.cuh), compiled with NVRTC
+ * at run time and cached on disk. Only the flash backend serves a call with a variant; the CPU
+ * oracle for variants is the Lua front end's (variants.lua), so the C cpu backend declines it.
+ * In every snippet b, h, q_idx, kv_idx are 0-based ints (b the batch entry, h the query head,
+ * q_idx/kv_idx sequence-local), score is the scaled logit (float), grad is dL/d(new logit);
+ * AL_CAP(k) is capture k's data pointer (const void *, storage offset applied) and AL_CAP_GRAD(k)
+ * its gradient accumulator (float *, or NULL). */
+enum { AL_ATTN_VARIANT_MAX_CAPTURES = 8 };
+typedef struct al_attn_variant {
+    const char *score_mod;      /* expression: the new logit; NULL = unchanged                    */
+    const char *score_grad;     /* expression: d(new)/d(score) * grad; NULL = grad (additive mod)   */
+    const char *mask_mod;       /* expression: nonzero = keep; NULL = keep all                      */
+    const char *capture_grad;   /* statement(s) run in the backward for every kept element, adding
+                                   to AL_CAP_GRAD(k) (atomicAdd); NULL = no capture needs a gradient */
+    const char *prelude;        /* optional device helpers placed before the hooks; may be NULL     */
+    int32_t ncaptures;
+    const al_tensor *captures[AL_ATTN_VARIANT_MAX_CAPTURES];      /* on q's device, any dtype     */
+    al_tensor *capture_grads[AL_ATTN_VARIANT_MAX_CAPTURES];       /* f32 contiguous, zeroed by the
+                                                                     caller, or NULL             */
+    /* Block mask (al.attention.block_mask): u8 [bb, hb, ceil(sq/block_m), ceil(skv/block_n)],
+     * bb in {1, b}, hb in {1, h}, any strides; 0 = every element masked (the tile is skipped),
+     * 1 = partial (mask_mod evaluated), 2 = every element kept (mask_mod not evaluated). NULL = all
+     * partial. block_m / block_n must be multiples of the kernel's tiles (the flash backend says
+     * which it needs when they are not). */
+    const al_tensor *block_mask;
+    int64_t block_m, block_n;
+} al_attn_variant;
+
 /* Tensor arguments (NULL = absent). */
 typedef struct al_attn_inputs {
     const al_tensor *q, *k, *v;
@@ -480,6 +509,7 @@ typedef struct al_attn_inputs {
     const al_tensor *alibi_slopes;        /* f32 [h] or [b,h]; NULL = TE's default slopes */
     const al_tensor *softmax_offset;      /* [h]: learnable sink logits (off-by-one ignores it) */
     al_attn_fp8 *fp8;                     /* FP8 attention (emulated; see the FP8 section below), or NULL */
+    const al_attn_variant *variant;       /* score_mod / mask_mod / block mask, or NULL */
 } al_attn_inputs;
 
 /* TE's defaults: sbhd, causal, window (-1,-1), no bias, vanilla, scale 0 (auto), f32 compute. */

@@ -11,6 +11,7 @@ int64_t al_sizeof(const char *type_name) {
         {"al_attn_params", (int64_t)sizeof(al_attn_params)},
         {"al_attn_inputs", (int64_t)sizeof(al_attn_inputs)},
         {"al_attn_fp8", (int64_t)sizeof(al_attn_fp8)},
+        {"al_attn_variant", (int64_t)sizeof(al_attn_variant)},
     };
     if (!type_name) return -1;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
