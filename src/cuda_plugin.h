@@ -91,6 +91,11 @@ typedef struct al_cuda_api {
     /* scales: u8, x's shape with ceil(n/32) at dim (contiguous) */
     al_status (*mxfp8_quantize)(al_tensor *out, al_tensor *scales, const al_tensor *x, int32_t dim);
     al_status (*mxfp8_dequantize)(al_tensor *out, const al_tensor *q, const al_tensor *scales, int32_t dim);
+
+    /* Test hook (tests/c/test_cuda_faults.c only): launches al_debug_fault_kernel on the current stream,
+     * which reads an unmapped address, so the next synchronisation reports an asynchronous fault
+     * naming it. It ruins the process's CUDA context: call it in a child process. */
+    al_status (*debug_fault)(int32_t dev);
 } al_cuda_api;
 
 /* The plugin's one exported entry point. Returns AL_OK and fills api, or an error (no driver, no

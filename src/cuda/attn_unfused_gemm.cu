@@ -144,6 +144,7 @@ al_status al_ua_gemm(int32_t dev, cudaStream_t s, const al_ua_mat *X, const al_u
                           (long long)K, (long long)batch, al_a, al_b, al_c);
         else st = AL_CUBLAS_ST(hs);
     }
+    al_cu_note_launch("cublasLtMatmul");
     UA_TRY(AL_CUBLAS_ST(cublasLtMatmul(h, op, &alpha, Y->ptr, la, X->ptr, lb, &beta, D, lc, D, lc, &res.algo, ws,
                                        ws_bytes, s)));
 #undef UA_TRY

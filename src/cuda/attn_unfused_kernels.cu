@@ -146,7 +146,7 @@ al_status al_ua_softmax_fwd(int32_t dev, cudaStream_t s, const al_ua_dev *P, flo
     if (rows > INT32_MAX)
         return al_error(AL_ERR_UNSUPPORTED, "attention (unfused): %lld query rows exceed the grid limit", (long long)rows);
     ua_softmax_fwd_kernel<<<(unsigned)rows, UA_BLOCK, 0, s>>>(*P, S, lse, max_logit);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("ua_softmax_fwd_kernel");
     return AL_OK;
 }
 
@@ -172,7 +172,7 @@ al_status al_ua_gather(int32_t dev, cudaStream_t s, const al_ua_op *op, const in
     const int64_t n = B * heads * rows_max * D;
     if (n == 0) return AL_OK;
     ua_gather_kernel<<<ua_grid(dev, n), AL_CU_THREADS, 0, s>>>(*op, rows, heads, rows_max, D, dst, n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("ua_gather_kernel");
     return AL_OK;
 }
 
@@ -195,7 +195,7 @@ al_status al_ua_scatter(int32_t dev, cudaStream_t s, const float *src, const al_
     const int64_t n = B * heads * rows_max * D;
     if (n == 0) return AL_OK;
     ua_scatter_kernel<<<ua_grid(dev, n), AL_CU_THREADS, 0, s>>>(src, *op, rows, heads, rows_max, D, n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("ua_scatter_kernel");
     return AL_OK;
 }
 
@@ -236,7 +236,7 @@ al_status al_ua_rows_bwd(int32_t dev, cudaStream_t s, const al_ua_dev *P, const 
     if (n == 0) return AL_OK;
     ua_rows_bwd_kernel<<<ua_grid(dev, n * 32), AL_CU_THREADS, 0, s>>>(*P, *out, *dout, lse_base, lse_dtype, lse_off, ls[0],
                                                                        ls[1], ls[2], Drow, Lrow, rowc, n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("ua_rows_bwd_kernel");
     return AL_OK;
 }
 
@@ -268,7 +268,7 @@ al_status al_ua_ds_bwd(int32_t dev, cudaStream_t s, const al_ua_dev *P, float *A
     const int64_t n = P->B * P->H * P->SQ * P->SKV;
     if (n == 0) return AL_OK;
     ua_ds_bwd_kernel<<<ua_grid(dev, n), AL_CU_THREADS, 0, s>>>(*P, A, Bm, Lrow, Drow, n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("ua_ds_bwd_kernel");
     return AL_OK;
 }
 
@@ -299,7 +299,7 @@ al_status al_ua_dbias(int32_t dev, cudaStream_t s, const al_ua_dev *P, const flo
     const int64_t n = bsize[0] * bsize[1] * bsize[2] * bsize[3];
     if (n == 0) return AL_OK;
     ua_dbias_kernel<<<ua_grid(dev, n), AL_CU_THREADS, 0, s>>>(*P, A, bsize[0], bsize[1], bsize[2], factor, dbias, dtype, n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("ua_dbias_kernel");
     return AL_OK;
 }
 
@@ -317,6 +317,6 @@ __global__ void __launch_bounds__(UA_BLOCK) ua_doffset_kernel(al_ua_dev P, const
 al_status al_ua_doffset(int32_t dev, cudaStream_t s, const al_ua_dev *P, const double *rowc, float *d_offset) {
     if (P->H == 0) return AL_OK;
     ua_doffset_kernel<<<(unsigned)P->H, UA_BLOCK, 0, s>>>(*P, rowc, d_offset);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("ua_doffset_kernel");
     return AL_OK;
 }

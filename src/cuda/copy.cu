@@ -143,12 +143,12 @@ static al_status launch_convert(int32_t dev, cudaStream_t s, const char *src, ch
             al_convert_fp8_kernel<SD, DD><<<(unsigned)blocks, AL_CU_THREADS, 0, s>>>(src, dst, nvec);
         else
             al_convert_vec_kernel<SD, DD><<<(unsigned)blocks, AL_CU_THREADS, 0, s>>>(src, dst, nvec);
-        AL_CUDA_LAUNCHED();
+        AL_CUDA_LAUNCHED_K("al_convert_fp8_kernel / al_convert_vec_kernel");
     }
     int64_t lo = nvec * SH::VEC;
     if (lo < n) {
         al_convert_dense_kernel<SD, DD><<<al_cu_grid(dev, n - lo), AL_CU_THREADS, 0, s>>>(src, dst, lo, n);
-        AL_CUDA_LAUNCHED();
+        AL_CUDA_LAUNCHED_K("al_convert_dense_kernel");
     }
     return AL_OK;
 }
@@ -343,7 +343,7 @@ static al_status al_tp_run(const al_tp &p, int64_t des, cudaStream_t s) {
     } else {
         al_tp_launch<al_tp_conv<float> >(p, s);
     }
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_transpose_kernel");
     return AL_OK;
 }
 
@@ -389,7 +389,7 @@ al_status al_cu_copy(al_tensor *dst, const al_tensor *src) {
     } else {
         al_convert_strided_kernel<<<grid, AL_CU_THREADS, 0, s>>>(ops[0], ops[1], n);
     }
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_copy_raw_kernel / al_convert_strided_kernel");
     return AL_OK;
 }
 
@@ -423,7 +423,7 @@ al_status al_cu_fill(al_tensor *dst, double v) {
     case 4: al_fill_kernel<uint32_t><<<grid, AL_CU_THREADS, 0, s>>>(d, (uint32_t)bits, n); break;
     default: al_fill_kernel<uint64_t><<<grid, AL_CU_THREADS, 0, s>>>(d, bits, n); break;
     }
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_fill_kernel");
     return AL_OK;
 }
 
@@ -442,6 +442,6 @@ al_status al_cu_arange(al_tensor *dst, double start, double step) {
     if (n == 0) return AL_OK;
     al_td_coalesce(1, &d);
     al_arange_kernel<<<al_cu_grid(dst->device_index, n), AL_CU_THREADS, 0, s>>>(d, start, step, n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_arange_kernel");
     return AL_OK;
 }

@@ -92,6 +92,9 @@ AL_CU_HIDDEN al_status al_cu_event_elapsed(void *start, void *end, float *ms);
 /* fp8.cu: fills the FP8 entries of the api table (amax, quantise, dequantise, per-row, MXFP8) */
 AL_CU_HIDDEN void al_cu_fp8_fill_api(al_cuda_api *api);
 
+/* launch_log.cu: the api's debug_fault test hook (launches a kernel that faults) */
+AL_CU_HIDDEN al_status al_cu_debug_fault(int32_t dev);
+
 /* attn_fused.cu: registers the "fused" (cuDNN SDPA) attention backend with the core */
 AL_CU_HIDDEN al_status al_cu_attn_fused_register(void);
 /* attn_unfused.cu: registers the "unfused" (cuBLASLt + kernels, the GPU reference) backend */

@@ -143,7 +143,7 @@ al_status al_cu_unary(int32_t op, al_tensor *out, const al_tensor *a) {
     unsigned grid = al_cu_grid(out->device_index, n);
     if (wide_any(out, a, NULL)) al_unary_kernel<double><<<grid, AL_CU_THREADS, 0, s>>>(op, t[0], t[1], n);
     else al_unary_kernel<float><<<grid, AL_CU_THREADS, 0, s>>>(op, t[0], t[1], n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_unary_kernel");
     return AL_OK;
 }
 
@@ -166,7 +166,7 @@ al_status al_cu_binary(int32_t op, al_tensor *out, const al_tensor *a, const al_
             if (blocks > (1 << 20)) blocks = 1 << 20;
             al_binary_f32x4_kernel<<<(unsigned)blocks, AL_CU_THREADS, 0, s>>>(op, (float4 *)po, (const float4 *)pa,
                                                                                (const float4 *)pb, nvec);
-            AL_CUDA_LAUNCHED();
+            AL_CUDA_LAUNCHED_K("al_binary_f32x4_kernel");
             return AL_OK;
         }
     }
@@ -175,7 +175,7 @@ al_status al_cu_binary(int32_t op, al_tensor *out, const al_tensor *a, const al_
     unsigned grid = al_cu_grid(out->device_index, n);
     if (wide_any(out, a, b)) al_binary_kernel<double><<<grid, AL_CU_THREADS, 0, s>>>(op, t[0], t[1], t[2], n);
     else al_binary_kernel<float><<<grid, AL_CU_THREADS, 0, s>>>(op, t[0], t[1], t[2], n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_binary_kernel");
     return AL_OK;
 }
 
@@ -195,7 +195,7 @@ al_status al_cu_binary_scalar(int32_t op, al_tensor *out, const al_tensor *a, do
         al_scalar_kernel<double><<<grid, AL_CU_THREADS, 0, s>>>(op, t[0], t[1], sc, scalar_first, n);
     else
         al_scalar_kernel<float><<<grid, AL_CU_THREADS, 0, s>>>(op, t[0], t[1], (float)sc, scalar_first, n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_scalar_kernel");
     return AL_OK;
 }
 
@@ -213,6 +213,6 @@ al_status al_cu_where(al_tensor *out, const al_tensor *cond, const al_tensor *a,
     if (n == 0) return AL_OK;
     al_td_coalesce(4, t);
     al_where_kernel<<<al_cu_grid(out->device_index, n), AL_CU_THREADS, 0, s>>>(t[0], t[1], t[2], t[3], n);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_where_kernel");
     return AL_OK;
 }

@@ -102,7 +102,7 @@ static al_status cu_quantize(al_tensor *out, const al_tensor *x, double scale) {
     al_td_coalesce(1, &t);
     al_fp8_quant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>((uint8_t *)al_tensor_data_ptr(out), t, n, out->dtype,
                                                                      scale);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_fp8_quant_kernel");
     return AL_OK;
 }
 
@@ -115,7 +115,7 @@ static al_status cu_dequantize(al_tensor *out, const al_tensor *q, double scale_
     al_td_coalesce(1, &t);
     al_fp8_dequant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>((char *)al_tensor_data_ptr(out), out->dtype, t, n,
                                                                        scale_inv);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_fp8_dequant_kernel");
     return AL_OK;
 }
 
@@ -154,7 +154,7 @@ static al_status cu_quantize_rows(al_tensor *out, al_tensor *scale_inv, const al
     if (grid < 1) grid = 1;
     al_fp8_rows_kernel<<<grid, AL_CU_THREADS, 0, s>>>((uint8_t *)al_tensor_data_ptr(out), (float *)al_tensor_data_ptr(scale_inv),
                                                       t, rows, rowlen, out->dtype, p2);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_fp8_rows_kernel");
     return AL_OK;
 }
 
@@ -214,7 +214,7 @@ static al_status cu_mx(const char *op, al_tensor *out, const al_tensor *scales, 
     /* no coalescing: the kernel needs the block index along dim, recovered from the row-major index */
     al_mx_kernel<<<al_cu_grid(dev, nblocks), AL_CU_THREADS, 0, s>>>(xb, ob, sc, nblocks, inner, nb, n, xs, os,
                                                                     quant ? out->dtype : x->dtype, quant);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_mx_kernel");
     return AL_OK;
 }
 

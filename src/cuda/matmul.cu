@@ -281,6 +281,7 @@ static al_status run_gemm(int32_t dev, cudaStream_t s, char *outp, int32_t out_d
             oa += c * bt[1].stride[d];
             obb += c * bt[2].stride[d];
         }
+        al_cu_note_launch("cublasLtMatmul");
         st = AL_CUBLAS_ST(cublasLtMatmul(md->handle, ds.op, alpha, B->data + obb * eb, ds.la, A->data + oa * ea, ds.lb,
                                          beta, outp + oo * eo, ds.ld, outp + oo * eo, ds.ld, &heur.algo, workspace,
                                          (size_t)wsize, s));

@@ -31,6 +31,6 @@ al_status al_cu_random(al_tensor *dst, int32_t kind, uint64_t seed, uint64_t off
     al_td_coalesce(1, &d);
     al_random_kernel<<<al_cu_grid(dst->device_index, n), AL_CU_THREADS, 0, s>>>(d, kind, seed, offset, n,
                                                                                  al_dtype_size(dst->dtype));
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_random_kernel");
     return AL_OK;
 }

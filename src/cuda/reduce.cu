@@ -105,7 +105,7 @@ static al_status reduce_launch(int32_t op, int32_t dev, cudaStream_t s, al_td *o
                                int64_t ninner) {
     if (ninner <= 64) {
         al_reduce_thread_kernel<C><<<al_cu_grid(dev, nout), AL_CU_THREADS, 0, s>>>(op, ot[0], ot[1], *it, nout, ninner);
-        AL_CUDA_LAUNCHED();
+        AL_CUDA_LAUNCHED_K("al_reduce_thread_kernel");
         return AL_OK;
     }
     int64_t target = (int64_t)al_cu_sm_count[dev] * 4;
@@ -119,7 +119,7 @@ static al_status reduce_launch(int32_t op, int32_t dev, cudaStream_t s, al_td *o
     dim3 grid((unsigned)nsplit, gy);
     if (nsplit == 1) {
         al_reduce_block_kernel<C><<<grid, AL_CU_THREADS, 0, s>>>(op, ot[0], ot[1], *it, nout, ninner, chunk, (C *)NULL);
-        AL_CUDA_LAUNCHED();
+        AL_CUDA_LAUNCHED_K("al_reduce_block_kernel");
         return AL_OK;
     }
     int64_t pbytes = nout * nsplit * (int64_t)sizeof(C);
@@ -240,7 +240,7 @@ al_status al_cu_max_dim(al_tensor *values, al_tensor *indices, const al_tensor *
     al_td_coalesce(3, t);
     unsigned th = row_threads(len);
     al_max_dim_kernel<<<row_grid(dev, rows, th), th, 0, s>>>(t[0], t[1], t[2], rows, len, sa);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_max_dim_kernel");
     return AL_OK;
 }
 
@@ -308,7 +308,7 @@ al_status al_cu_softmax(al_tensor *out, const al_tensor *a, int32_t dim, int32_t
     unsigned th = row_threads(len), grid = row_grid(dev, rows, th);
     if (a->dtype == AL_DTYPE_F64) al_softmax_kernel<double><<<grid, th, 0, s>>>(t[0], t[1], rows, len, sa, so, is_log);
     else al_softmax_kernel<float><<<grid, th, 0, s>>>(t[0], t[1], rows, len, sa, so, is_log);
-    AL_CUDA_LAUNCHED();
+    AL_CUDA_LAUNCHED_K("al_softmax_kernel");
     return AL_OK;
 }
 

@@ -82,6 +82,25 @@ local function randn_gen(dtype, positive)
 end
 
 describe("cuda #gpu", function()
+  it("an allocation larger than the device is an out-of-memory error; the device stays usable", function()
+    if not need_gpu() then return end
+    local keep = al.randn({ 256, 256 }, { device = "cuda" })
+    local keep_host = keep:to("cpu")
+    al.cuda.empty_cache()
+    local reserved = al.cuda.memory_reserved()
+    local total = al.cuda.device_info(0).total_memory
+    local ok, err = pcall(al.empty, { math.floor(total / 2) }, { device = "cuda" })   -- 2x the device, f32
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("out of memory", 1, true), tostring(err))
+    collectgarbage()
+    al.cuda.empty_cache()
+    assert.equal(reserved, al.cuda.memory_reserved())
+    local x = al.randn({ 64, 64 }, { device = "cuda" })
+    local y = x:to("cpu")
+    assert.is_true(((x * 2):to("cpu") - y * 2):abs():max():item() == 0)
+    assert.equal(0, (keep:to("cpu") - keep_host):abs():max():item())   -- a live tensor is untouched
+  end)
+
   it("reports its devices and rejects a device that does not exist", function()
     if not need_gpu() then return end
     local n = al.cuda.device_count()
