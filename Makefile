@@ -3,7 +3,8 @@
 #   make            lib/libattnlab.so (the core, no CUDA dependency) and, when nvcc is found,
 #                   lib/libattnlab_cuda.so (the CUDA plugin: sm_90a + sm_80)
 #   make test       C unit tests + busted specs under LuaJIT; ends with "N passed, N failed[, N skipped]"
-#   make bench      every bench/*.lua (CPU, and GPU where one is usable)
+#   make bench      every bench/*.lua (CPU, and GPU where one is usable); on a GPU, the chart report
+#                   build/bench/report/index.md (scripts/bench_report.lua, with the peer's curves if measured)
 #   make demo       installs what is missing (make deps), builds, runs examples/demo.lua
 #   make install    PREFIX=/usr/local DESTDIR= : library, header, Lua modules, launcher, pkg-config
 #   make deps       apt-get installs luajit, libluajit-5.1-dev, lua-busted, libopenblas-dev if missing
@@ -100,8 +101,18 @@ test: all $(C_TESTS)
 		sh scripts/tally.sh run $(BUILD)/test.log env $(LUA_ENV) $(BUSTED) -o tests/spec/summary.lua $$f; done; true
 	@sh scripts/tally.sh $(BUILD)/test.log
 
+# The benches append their measurements as JSON lines to BENCH_OUT (rewritten each run); when it holds
+# attention measurements (a GPU run), scripts/bench_report.lua charts TFLOP/s against sequence length
+# into $(BUILD)/bench/report/ (index.md + SVG/PNG), with the peer's curves from PEER_OUT when that file
+# exists (python3 scripts/peer_torch_sdpa.py --out build/bench/peer.jsonl, on the GPU host, beforehand).
+BENCH_OUT ?= $(BUILD)/bench/attnlab.jsonl
+PEER_OUT  ?= $(BUILD)/bench/peer.jsonl
 bench: all
-	@for b in bench/*.lua; do echo "== $$b"; $(LUA_ENV) $(LUAJIT) $$b || exit 1; done
+	@mkdir -p $(dir $(BENCH_OUT)) && rm -f $(BENCH_OUT)
+	@for b in bench/*.lua; do echo "== $$b"; ATTNLAB_BENCH_OUT=$(abspath $(BENCH_OUT)) $(LUA_ENV) $(LUAJIT) $$b || exit 1; done
+	@if grep -q '"attention"' $(BENCH_OUT) 2>/dev/null; then echo "== scripts/bench_report.lua"; \
+		$(LUA_ENV) sh scripts/attnlab scripts/bench_report.lua --out $(BUILD)/bench/report $(BENCH_OUT) \
+			$$(test -s $(PEER_OUT) && echo $(PEER_OUT)); fi
 
 demo: deps all
 	@$(LUA_ENV) $(LUAJIT) examples/demo.lua
@@ -239,6 +250,10 @@ notebook: all
 	JUPYTER_PATH=$(abspath $(NB_SPEC_DIR)) jupyter $$app --notebook-dir=notebooks
 # ---- end of the workbench block -------------------------------------------------------------------
 
+# The header is also installed beside the Lua modules (attnlab/attnlab.h) and config.lua records the
+# install paths; lua/attnlab/ffi.lua and the launcher fall back to paths relative to themselves, so a
+# prefix that is moved, or a luarocks tree (which moves lib/ and the Lua modules out of the rock's
+# folder), works without ATTNLAB_* variables. tests/spec/install_spec.lua checks both.
 LUADIR := $(PREFIX)/share/lua/5.1
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LUADIR)/attnlab \
@@ -248,8 +263,9 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/share/attnlab/kernels
 	install -m 644 kernels/*.cu kernels/*.cuh kernels/*.h $(DESTDIR)$(PREFIX)/share/attnlab/kernels/
 	install -m 644 lua/attnlab/*.lua $(DESTDIR)$(LUADIR)/attnlab/
-	printf 'return { libdir = "%s", header = "%s" }\n' "$(PREFIX)/lib" "$(PREFIX)/include/attnlab.h" \
-		> $(DESTDIR)$(LUADIR)/attnlab/config.lua
+	install -m 644 include/attnlab.h $(DESTDIR)$(LUADIR)/attnlab/
+	printf 'return { libdir = "%s", header = "%s", kernel_dir = "%s" }\n' "$(PREFIX)/lib" \
+		"$(PREFIX)/include/attnlab.h" "$(PREFIX)/share/attnlab/kernels" > $(DESTDIR)$(LUADIR)/attnlab/config.lua
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(PREFIX)/lib|g' -e 's|@LUADIR@|$(LUADIR)|g' \
 		scripts/attnlab > $(DESTDIR)$(PREFIX)/bin/attnlab && chmod 755 $(DESTDIR)$(PREFIX)/bin/attnlab
 	sed -e 's|@PREFIX@|$(PREFIX)|g' attnlab.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/attnlab.pc

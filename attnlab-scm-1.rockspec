@@ -3,10 +3,14 @@
 -- it depends on lua == 5.1 for that reason. No rock dependencies; tests use Debian's busted (make test).
 -- With Debian's luarocks (configured for another Lua):
 --   luarocks --lua-version=5.1 make LUA_INCDIR=/usr/include/luajit-2.1 [--tree DIR]
--- Known gap: luarocks deploys the rock's lib/ and share/lua/ into the tree's own folders after
--- `make install`, so attnlab/config.lua (and the launcher) name the rock folder, not the deployed
--- paths; until lua/attnlab/ffi.lua also searches package.cpath for libattnlab.so, set
--- ATTNLAB_LIBDIR=<tree>/lib/lua/5.1 and ATTNLAB_HEADER=<rock dir>/include/attnlab.h.
+-- After `make install` into the rock's folder, luarocks deploys the rock: lib/ moves to <tree>/lib/lua/5.1
+-- and the Lua modules (with a copy of attnlab.h) to <tree>/share/lua/5.1; include/ and share/attnlab/kernels
+-- stay in the rock's folder. Nothing needs setting afterwards: attnlab/ffi.lua finds libattnlab.so through
+-- package.cpath (or relative to itself), the header beside itself or through config.lua, and points the
+-- CUDA plugin (which the core loads from beside libattnlab.so) at the rock's kernel sources; the launcher
+-- <tree>/bin/attnlab finds the modules and library relative to itself. With the tree's paths
+-- (eval "$(luarocks --lua-version=5.1 path --tree DIR)"), `luajit -e 'require "attnlab"'` works too.
+-- tests/spec/install_spec.lua checks all of this (pending when luarocks is not installed).
 rockspec_format = "3.0"
 package = "attnlab"
 version = "scm-1"

@@ -60,7 +60,7 @@ for tool in "${TOOLS[@]}"; do
         out="$OUT_DIR/$tool-$name.log"
         echo "== compute-sanitizer --tool $tool $spec"
         timeout "$TIMEOUT" "$SAN" --tool "$tool" --error-exitcode 99 --print-limit 200 "${opts[@]}" \
-            luajit /usr/bin/busted --ignore-lua --tags=gpu -o tests/spec/summary.lua "$spec" >"$out" 2>&1
+            ${BUSTED:-luajit /usr/bin/busted --ignore-lua} --tags=gpu -o tests/spec/summary.lua "$spec" >"$out" 2>&1
         rc=$?
         errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$out" | tail -1 | grep -Eo '[0-9]+$' || true)
         hazards=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+ hazard' "$out" | tail -1 | grep -Eo '[0-9]+' || true)

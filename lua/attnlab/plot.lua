@@ -94,6 +94,7 @@ M.escape = xml
 local function fmt_num(v)
   if v == 0 then return "0" end
   local a = math.abs(v)
+  if a < 1e6 and v == floor(v) then return format("%d", v) end   -- 16384, not 1.638e+04
   if a >= 1e5 or a < 1e-3 then return (format("%.2g", v):gsub("e%+?(%-?)0*(%d)", "e%1%2")) end
   local s = format("%.4g", v)
   return s
@@ -239,7 +240,8 @@ local function draw_legend(s, fig, x1, y0, x0)
     lx, ly, w, h))
   for j, e in ipairs(named) do
     local y = ly + 3 + 18 * (j - 1) + 9
-    s:add(format('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="3"/>', lx + 6, y, lx + 26, y, e[2].color))
+    s:add(format('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="3"%s/>', lx + 6, y, lx + 26, y,
+      e[2].color, e[2].dash and (' stroke-dasharray="' .. xml(e[2].dash) .. '"') or ""))
     s:text(lx + 30, y + 4, e[2].label, 'class="legend-label"')
   end
   s:add("</g>")
@@ -255,7 +257,8 @@ local function yrange(fig, lo, hi, zero_based)
 end
 
 -- fig:line(x, y, opts) adds a series: x and y lists or tensors of equal length (y alone: x = 1..n).
--- opts: label (legend), color, marker (default true for up to 30 points).
+-- opts: label (legend), color, marker (default true for up to 30 points), dash (true or an SVG
+-- stroke-dasharray such as "6,3": a dashed line, e.g. a peer's curve beside ours).
 function Figure:line(x, y, opts)
   if self.kind ~= "line" then error("fig:line: this is a " .. self.kind .. " figure; lines go on line figures", 2) end
   local function is_opts(t) return type(t) == "table" and not is_tensor(t) and t[1] == nil and next(t) ~= nil end
@@ -274,7 +277,8 @@ function Figure:line(x, y, opts)
   if #ys == 0 then error("plot.line: y: expected at least one value, got none", 2) end
   opts = opts or {}
   self.series[#self.series + 1] = { x = xs, y = ys, label = opts.label,
-    color = opts.color or PALETTE[(#self.series) % #PALETTE + 1], marker = opts.marker }
+    color = opts.color or PALETTE[(#self.series) % #PALETTE + 1], marker = opts.marker,
+    dash = opts.dash == true and "6,4" or opts.dash }
   return self
 end
 
@@ -302,8 +306,9 @@ function Figure:svg_line()
         pts[#pts + 1] = format("%.1f,%.1f", xa.map(se.x[j]), ya.map(se.y[j]))
       end
     end
-    s:add(format('<polyline class="series" data-series="%d"%s points="%s" fill="none" stroke="%s" stroke-width="2"/>',
-      i, se.label and (' data-label="' .. xml(se.label) .. '"') or "", concat(pts, " "), se.color))
+    s:add(format('<polyline class="series" data-series="%d"%s points="%s" fill="none" stroke="%s" stroke-width="2"%s/>',
+      i, se.label and (' data-label="' .. xml(se.label) .. '"') or "", concat(pts, " "), se.color,
+      se.dash and (' stroke-dasharray="' .. xml(se.dash) .. '"') or ""))
     local marker = se.marker
     if marker == nil then marker = #se.x <= 30 end
     if marker then
@@ -497,8 +502,8 @@ function Figure:gnuplot_script(out)
   if self.kind == "line" then
     local plots = {}
     for _, se in ipairs(self.series) do
-      plots[#plots + 1] = format("'-' using 1:2 with linespoints lw 2 lc rgb %s title %s", gp_str(se.color),
-        se.label and gp_str(se.label) or '""')
+      plots[#plots + 1] = format("'-' using 1:2 with linespoints lw 2 lc rgb %s%s title %s", gp_str(se.color),
+        se.dash and " dt 2" or "", se.label and gp_str(se.label) or '""')
       for i = 1, #se.x do data[#data + 1] = format("%.17g %.17g", se.x[i], se.y[i]) end
       data[#data + 1] = "e"
     end
@@ -632,7 +637,7 @@ end
 
 -- al.plot.line(x, y, opts) or al.plot.line(y, opts): a line figure with one series (add more with
 -- fig:line). opts: title, xlabel, ylabel, xlog (true or a base, e.g. 2), ylog, ymin, ymax, width,
--- height, label, color, marker.
+-- height, label, color, marker, dash.
 function M.line(x, y, opts)
   if (y == nil or (type(y) == "table" and not is_tensor(y) and y[1] == nil and next(y) ~= nil)) and opts == nil then
     x, y, opts = nil, x, y
