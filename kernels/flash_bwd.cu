@@ -25,8 +25,11 @@
  * Otherwise nsplit = 1 and every KV block's CTA adds into dq_acc[0] with atomicAdd.
  *
  * Variants: the -D defines of kernels/flash_fwd.cu (AL_HEAD_DIM, AL_BF16, AL_MASK_KIND,
- * AL_BOTTOM_RIGHT, AL_ALIBI, hooks) plus AL_BWD_BLOCK_M / AL_BWD_BLOCK_N. Warps: (BLOCK_N / 16) * WS
- * where WS = 2 for d = 256 (two warps share 16 kv rows and split dK/dV along d: each recomputes
+ * AL_BOTTOM_RIGHT, AL_ALIBI, hooks, AL_VARIANT, AL_BLOCK_MASK) plus AL_BWD_BLOCK_M / AL_BWD_BLOCK_N.
+ * With a block mask, (Q tile, KV tile) pairs whose block is 0 are skipped and mask_mod runs only in
+ * partial (1) blocks; AL_CAPTURE_GRAD runs for every kept element with grad = dS (before score_grad;
+ * f32 atomics, so capture gradients are not bit-reproducible even in deterministic mode).
+ * Warps: (BLOCK_N / 16) * WS where WS = 2 for d = 256 (two warps share 16 kv rows and split dK/dV along d: each recomputes
  * S^T and dP^T), else 1.
  * Bench: luajit bench/flash_bench.lua
  * Shared memory: K [BN][D] | V [BN][D] | Q [BM][D] | dO [BM][D] | dS^T [BN][BM] (16-bit, swizzled)
@@ -67,7 +70,7 @@ static_assert(NW % QG == 0, "dQ warp split");
 }  // namespace bwd
 
 /* ---- preprocessing --------------------------------------------------------------------------------- */
-extern "C" __global__ void __launch_bounds__(256) al_flash_bwd_pre(const al_flash_params p) {
+extern "C" __global__ void __launch_bounds__(256) al_flash_bwd_pre(AL_KPARAMS p) {
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     const long long rows = (long long)p.B * p.H * p.SQ;
     if (warp >= rows) return;
@@ -101,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(256) al_flash_bwd_pre(const al_flas
 }
 
 /* ---- dQ conversion ---------------------------------------------------------------------------------- */
-extern "C" __global__ void __launch_bounds__(256) al_flash_bwd_dq(const al_flash_params p) {
+extern "C" __global__ void __launch_bounds__(256) al_flash_bwd_dq(AL_KPARAMS p) {
     const long long n = (long long)p.B * p.H * p.SQ * AL_HEAD_DIM;
     const long long split = n;
     for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < n; x += (long long)gridDim.x * blockDim.x) {
@@ -125,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(256) al_flash_bwd_dq(const al_flash
 
 /* ---- main kernel -------------------------------------------------------------------------------------- */
 /* dynamic shared memory: 2 * KV_BYTES + 2 * Q_BYTES + DS_BYTES + 2 * BM * 4 */
-extern "C" __global__ void __launch_bounds__(bwd::NT) al_flash_bwd(const al_flash_params p) {
+extern "C" __global__ void __launch_bounds__(bwd::NT) al_flash_bwd(AL_KPARAMS p) {
     using namespace bwd;
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -192,6 +195,13 @@ extern "C" __global__ void __launch_bounds__(bwd::NT) al_flash_bwd(const al_flas
 
                 for (int mb = i_lo / BM; mb * BM < i_hi; mb++) {
                     const int m0 = mb * BM;
+#if AL_BLOCK_MASK
+                    const int bmv = al_fl_block(p, b, h, m0, n0);   /* uniform per CTA */
+                    if (bmv == 0) continue;                         /* an empty block: skipped */
+                    const int mod_on = bmv == 1;                    /* a full block skips mask_mod */
+#else
+                    const int mod_on = 1;
+#endif
                     __syncthreads();   /* readers of sQ, sO, sS and the row stats are done */
                     al_load_tile<BM, NT>(sQ, gQ + m0 * p.q.st, p.q.st, s.q_len - m0, tid);
                     al_load_tile<BM, NT>(sO, gO + m0 * p.dout.st, p.dout.st, s.q_len - m0, tid);
@@ -229,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(bwd::NT) al_flash_bwd(const al_flas
                     }
 
                     /* P^T and dS^T; element (e) of tile t: kv row j, query column i */
-                    int need_mask = AL_HAS_MASK_MOD || n0 + BN > kv_len;
+                    int need_mask = (AL_HAS_MASK_MOD && mod_on) || n0 + BN > kv_len;
 #if AL_MASK_KIND != 0
                     if (s.wr >= 0) need_mask |= n0 + BN - 1 > m0 + s.diag + s.wr;
                     if (s.wl >= 0) need_mask |= n0 < m0 + BM - 1 + s.diag - s.wl;
@@ -245,11 +255,19 @@ extern "C" __global__ void __launch_bounds__(bwd::NT) al_flash_bwd(const al_flas
                             const int i = m0 + il;
                             const float x = al_fl_logit2(s, st[t][e], p.scale, p.scale_log2, slope_log2, i, j);
                             float pe = al_ex2(x - s_lse2[il]);
-                            if (need_mask && !al_fl_valid(s, i, j)) pe = 0.0f;
+#if AL_HAS_CAPTURE_GRAD
+                            const int keep = (!need_mask || al_fl_valid(s, i, j, mod_on)) && i < s.q_len;
+                            if (!keep) pe = 0.0f;
+#else
+                            if (need_mask && !al_fl_valid(s, i, j, mod_on)) pe = 0.0f;
+#endif
                             pv[e] = pe;
                             float ds = pe * (dpt[t][e] - s_dsum[il]);
+#if AL_HAS_CAPTURE_GRAD
+                            if (keep) AL_CAPTURE_GRAD(ds, st[t][e] * p.scale, s.b, s.h, i, j);
+#endif
 #if AL_HAS_SCORE_MOD
-                            ds = AL_SCORE_MOD_GRAD(ds, st[t][e] * p.scale, s.b, s.h, i, j);
+                            ds = AL_SCORE_MOD_GRAD(ds, st[t][e] * p.scale, s.b, s.h, min(i, s.q_len - 1), min(j, kv_len - 1));
 #endif
                             dsv[e] = ds;
                         }

@@ -11,18 +11,44 @@
  *                            phase hit 8 different bank groups (no padding, no conflicts)
  *   masking and scores       al_fl_valid (the plan's exact rule, attention_internal.h) and the hooks
  *
- * Hooks (a later "variants" issue compiles specialisations with generated snippets; define them
- * before this file is included, e.g. with -D or a prepended source string):
+ * Hooks (the variants issue: src/cuda/flash_specs.h's al_flash_variant_source() turns an
+ * al_attn_variant's snippets into these macros, prepended to the kernel source; define them before
+ * this file is included). Every hook is expanded where an al_fl_seq named `s` is in scope, so
+ * AL_CAP / AL_CAP_GRAD work inside any hook expression. b, h, q_idx, kv_idx are 0-based ints: b the
+ * batch entry, h the QUERY head, q_idx / kv_idx sequence-local and always in range (q_idx < the
+ * sequence's q length, kv_idx < its kv length: the kernels clamp or skip out-of-range tile rows, so
+ * a hook may index captured tensors with them without bounds checks).
  *   AL_SCORE_MOD(score, b, h, q_idx, kv_idx)   -> float. score is the scaled logit (natural-log
  *       units, softmax_scale already applied, ALiBi not yet); returns the new logit. Default: score.
- *       q_idx/kv_idx are sequence-local (0-based), b the batch entry, h the query head.
  *   AL_SCORE_MOD_GRAD(grad, score, b, h, q_idx, kv_idx) -> float: the backward's d(new)/d(score)
- *       times grad. Default: grad (an additive modification). Must be defined with AL_SCORE_MOD when
- *       the modification is not additive.
+ *       times grad, grad = dL/d(new logit), score the unmodified scaled logit. Default: grad (an
+ *       additive modification). Must be defined with AL_SCORE_MOD when it is not additive.
  *   AL_MASK_MOD(b, h, q_idx, kv_idx)           -> int, nonzero = keep (FlexAttention's mask_mod).
- *       Applied on top of the length/causal/window rule. Default: 1 (and no per-element cost).
+ *       Applied on top of the length/causal/window rule (they compose: an element is kept when both
+ *       keep it). Default: 1 (and no per-element cost).
+ *   AL_CAPTURE_GRAD(grad, score, b, h, q_idx, kv_idx)  statement(s), backward only: run once for every
+ *       KEPT element (inside the lengths, the causal/window band, the block mask and mask_mod) with
+ *       grad = dL/d(new logit) (f32, after the softmax backward, before AL_SCORE_MOD_GRAD) and score
+ *       the unmodified scaled logit; accumulates into AL_CAP_GRAD(k) with atomicAdd. Default: nothing.
+ *   AL_CAP(k)        const void *: capture k's data pointer (params.cap[k], storage offset applied);
+ *                    cast and index it yourself with the strides baked into the snippet (only the
+ *                    pointer travels), e.g. ((const int *)AL_CAP(0))[b * 4096 + kv_idx].
+ *   AL_CAP_GRAD(k)   float *: capture k's gradient accumulator (params.cap_grad[k]), or NULL.
+ *   prelude          the variant's optional device helpers, placed first (before this file and the
+ *                    hooks, so they see no attnlab types): e.g. static __device__ float f(float x).
+ * Each hook body is one macro line (al_flash_variant_source turns newlines into spaces; attention.c
+ * rejects // comments in hooks). Hooks may be evaluated for elements that end up masked (score_mod
+ * runs on every position of a visited tile, before the mask), but never with out-of-range indices
+ * (tile positions past the lengths get clamped indices and are discarded).
+ * AL_VARIANT 1 marks a variant specialisation: the kernels then take their params as
+ * __grid_constant__ (AL_CAP reads them through a pointer kept in al_fl_seq, without a local copy).
+ * AL_BLOCK_MASK 1 (with params.bmask): the forward skips KV tiles whose block is 0 and does not
+ * evaluate mask_mod in blocks that are 2 (the length and causal/window tests still run where a tile
+ * crosses them); the backward does the same over its (Q tile, KV tile) pairs. A row whose every tile
+ * is skipped gets O = 0 and LSE = -inf, like a fully masked row.
  * Defining AL_SCORE_MOD or AL_MASK_MOD switches off the folded scale*log2(e) fast path or the
- * full-tile fast path respectively; both hooks are evaluated for every element of a visited tile.
+ * full-tile fast path respectively (the block mask restores the latter for its full blocks).
+ * Without any hook defined the kernels are exactly the default specialisations.
  */
 #ifndef ATTNLAB_FLASH_COMMON_CUH
 #define ATTNLAB_FLASH_COMMON_CUH
@@ -62,6 +88,29 @@
 #else
 #define AL_HAS_MASK_MOD 0
 #define AL_MASK_MOD(b, h, q_idx, kv_idx) 1
+#endif
+#ifdef AL_CAPTURE_GRAD
+#define AL_HAS_CAPTURE_GRAD 1
+#else
+#define AL_HAS_CAPTURE_GRAD 0
+#define AL_CAPTURE_GRAD(grad, score, b, h, q_idx, kv_idx) do { } while (0)
+#endif
+#ifndef AL_VARIANT
+#define AL_VARIANT 0
+#endif
+#ifndef AL_BLOCK_MASK
+#define AL_BLOCK_MASK 0
+#endif
+#if AL_BLOCK_MASK && !AL_VARIANT
+#error "AL_BLOCK_MASK needs AL_VARIANT"
+#endif
+/* the kernels' parameter: __grid_constant__ in variant builds, where its address is taken (AL_CAP) */
+#if AL_VARIANT
+#define AL_KPARAMS const __grid_constant__ al_flash_params
+#define AL_CAP(k) ((const void *)s.prm->cap[k])
+#define AL_CAP_GRAD(k) (s.prm->cap_grad[k])
+#else
+#define AL_KPARAMS const al_flash_params
 #endif
 
 #define AL_DEV static __device__ __forceinline__
@@ -196,6 +245,9 @@ struct al_fl_seq {
     int q_len, kv_len;
     int diag;            /* bottom_right ? kv_len - q_len : 0 */
     int wl, wr;          /* -1 = unbounded */
+#if AL_VARIANT
+    const al_flash_params *prm;   /* AL_CAP / AL_CAP_GRAD / the block mask (the __grid_constant__ params) */
+#endif
 };
 
 AL_DEV al_fl_seq al_fl_seq_make(const al_flash_params &p, int b, int h) {
@@ -215,26 +267,44 @@ AL_DEV al_fl_seq al_fl_seq_make(const al_flash_params &p, int b, int h) {
     s.wr = p.wr;
 #endif
     s.diag = AL_BOTTOM_RIGHT ? s.kv_len - s.q_len : 0;
+#if AL_VARIANT
+    s.prm = &p;
+#endif
     return s;
 }
 
-AL_DEV int al_fl_valid(const al_fl_seq &s, int i, int j) {
+/* mod = 0: the element lies in a block-mask block that is full (2): mask_mod is not evaluated.
+ * mask_mod only sees in-range indices (a row past q_len is never written, so its value is moot). */
+AL_DEV int al_fl_valid(const al_fl_seq &s, int i, int j, int mod = 1) {
     int ok = j < s.kv_len;
 #if AL_MASK_KIND != 0
     if (s.wl >= 0) ok &= j >= i + s.diag - s.wl;
     if (s.wr >= 0) ok &= j <= i + s.diag + s.wr;
 #endif
 #if AL_HAS_MASK_MOD
-    ok &= (AL_MASK_MOD(s.b, s.h, i, j)) ? 1 : 0;
+    if (mod && ok && i < s.q_len) ok = (AL_MASK_MOD(s.b, s.h, i, j)) ? 1 : 0;
 #endif
     return ok;
 }
+
+#if AL_BLOCK_MASK
+/* The block-mask entry (0 / 1 / 2) of the tile whose first query row is m0 and first key n0 (both
+ * sequence-local; block_m / block_n are multiples of the tiles, so a tile lies in one block). */
+AL_DEV int al_fl_block(const al_flash_params &p, int b, int h, int m0, int n0) {
+    const long long o = b * p.bm_sb + h * p.bm_sh + (long long)(m0 / p.bm_block_m) * p.bm_sm +
+                        (long long)(n0 / p.bm_block_n) * p.bm_sn;
+    return (int)__ldg(p.bmask + o);
+}
+#endif
 
 /* the logit of (i, j) in log2 units from the raw q.k product acc */
 AL_DEV float al_fl_logit2(const al_fl_seq &s, float acc, float scale, float scale_log2, float slope_log2, int i,
                           int j) {
 #if AL_HAS_SCORE_MOD
-    float x = AL_SCORE_MOD(acc * scale, s.b, s.h, i, j) * AL_LOG2E;
+    /* clamped: tile rows/columns past the lengths are masked or discarded, but the hook may index
+     * captured tensors with q_idx / kv_idx */
+    const int qi = min(i, s.q_len - 1), kj = min(j, s.kv_len - 1);
+    float x = AL_SCORE_MOD(acc * scale, s.b, s.h, qi, kj) * AL_LOG2E;
 #else
     float x = acc * scale_log2;
 #endif

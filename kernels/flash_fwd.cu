@@ -10,7 +10,9 @@
  *   AL_ALIBI 0 | 1
  *   AL_BLOCK_M / AL_BLOCK_N / AL_WARPS (defaults per head dim below; BLOCK_M = 16 * WARPS)
  *   AL_Q_IN_REGS 1: Q fragments held in registers for the whole KV loop (default for d <= 128)
- *   hooks AL_SCORE_MOD / AL_MASK_MOD (contract in flash_common.cuh)
+ *   hooks AL_SCORE_MOD / AL_MASK_MOD, AL_VARIANT, AL_BLOCK_MASK 0 | 1 (contract in flash_common.cuh):
+ *   with a block mask only the tiles whose block is nonzero are visited (the K/V pipeline runs over
+ *   that list), and mask_mod is evaluated only in partial (1) blocks
  * Bench: luajit bench/flash_bench.lua  (checks against cpu and unfused, then TFLOP/s over a sweep)
  *
  * Design (FA2, perf_anchors.md §3.1):
@@ -70,7 +72,7 @@ static_assert(BN % 16 == 0 && BN >= 16, "BLOCK_N must be a multiple of 16");
 }  // namespace fwd
 
 /* dynamic shared memory: Q_BYTES + 4 * KV_BYTES (the host computes the same; see attn_flash.cu) */
-extern "C" __global__ void __launch_bounds__(fwd::NT) al_flash_fwd(const al_flash_params p) {
+extern "C" __global__ void __launch_bounds__(fwd::NT) al_flash_fwd(AL_KPARAMS p) {
     using namespace fwd;
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -101,6 +103,16 @@ extern "C" __global__ void __launch_bounds__(fwd::NT) al_flash_fwd(const al_flas
 #endif
     const int nb_lo = n_lo / BN;
     const int nb_hi = n_hi > n_lo ? (n_hi + BN - 1) / BN : nb_lo;   /* exclusive */
+#if AL_BLOCK_MASK
+    /* visit only the tiles whose block is not 0: nb_first, then next_tile(nb) (uniform per CTA) */
+    auto next_tile = [&](int nb) {
+        for (nb++; nb < nb_hi && al_fl_block(p, b, h, m0, nb * BN) == 0; nb++) {}
+        return nb;
+    };
+    const int nb_first = next_tile(nb_lo - 1);
+#else
+    const int nb_first = nb_lo;
+#endif
 
     const al_u32 sQ = al_smem_addr(smem);
     const al_u32 sK = sQ + Q_BYTES;
@@ -109,11 +121,11 @@ extern "C" __global__ void __launch_bounds__(fwd::NT) al_flash_fwd(const al_flas
     const al_u16 *gK = (const al_u16 *)p.k.ptr + b * p.k.sb + kv_start * p.k.st + (long long)hk * p.k.sh;
     const al_u16 *gV = (const al_u16 *)p.v.ptr + b * p.v.sb + kv_start * p.v.st + (long long)hk * p.v.sh;
 
-    /* prologue: Q, K(nb_lo), V(nb_lo) as three commit groups */
+    /* prologue: Q, K(nb_first), V(nb_first) as three commit groups */
     al_load_tile<BM, NT>(sQ, gQ, p.q.st, s.q_len - m0, tid);
     al_cp_commit();
-    if (nb_lo < nb_hi) {
-        const int n0 = nb_lo * BN;
+    if (nb_first < nb_hi) {
+        const int n0 = nb_first * BN;
         al_load_tile<BN, NT>(sK, gK + n0 * p.k.st, p.k.st, s.kv_len - n0, tid);
         al_cp_commit();
         al_load_tile<BN, NT>(sV, gV + n0 * p.v.st, p.v.st, s.kv_len - n0, tid);
@@ -141,12 +153,25 @@ extern "C" __global__ void __launch_bounds__(fwd::NT) al_flash_fwd(const al_flas
     const int bk_row = (lane & 7) + ((lane >> 4) << 3), bk_ch = (lane >> 3) & 1;
     const int bv_row = (lane & 7) + (((lane >> 3) & 1) << 3), bv_ch = lane >> 4;
 
+#if AL_BLOCK_MASK
+    int it = 0;
+    for (int nb = nb_first, nb_next; nb < nb_hi; nb = nb_next, it++) {
+        nb_next = next_tile(nb);
+        const int bmv = al_fl_block(p, b, h, m0, nb * BN);   /* 1 or 2 here */
+        const int stage = it & 1;
+        const int n0 = nb * BN;
+        if (it > 0) __syncthreads();       /* every warp is done with the other stage's buffers */
+        if (nb_next < nb_hi) {
+            const int n1 = nb_next * BN;
+#else
+    /* (the default specialisations: kept textually as before the block mask, so their code is unchanged) */
     for (int nb = nb_lo; nb < nb_hi; nb++) {
         const int stage = (nb - nb_lo) & 1;
         const int n0 = nb * BN;
         if (nb > nb_lo) __syncthreads();   /* every warp is done with the other stage's buffers */
         if (nb + 1 < nb_hi) {
             const int n1 = n0 + BN;
+#endif
             al_load_tile<BN, NT>(sK + (stage ^ 1) * KV_BYTES, gK + n1 * p.k.st, p.k.st, s.kv_len - n1, tid);
             al_cp_commit();
             al_load_tile<BN, NT>(sV + (stage ^ 1) * KV_BYTES, gV + n1 * p.v.st, p.v.st, s.kv_len - n1, tid);
@@ -160,7 +185,11 @@ extern "C" __global__ void __launch_bounds__(fwd::NT) al_flash_fwd(const al_flas
         const al_u32 kbuf = sK + stage * KV_BYTES, vbuf = sV + stage * KV_BYTES;
 
 #if AL_Q_IN_REGS
+#if AL_BLOCK_MASK
+        if (it == 0) {
+#else
         if (nb == nb_lo) {
+#endif
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
                 al_ldsm_x4(sQ + al_swz<CPR>(a_row, ks * 2 + a_ch), qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
@@ -188,7 +217,12 @@ extern "C" __global__ void __launch_bounds__(fwd::NT) al_flash_fwd(const al_flas
         }
 
         /* logits (log2 units), mask, online softmax */
-        int need_mask = AL_HAS_MASK_MOD || n0 + BN > s.kv_len;
+#if AL_BLOCK_MASK
+        const int mod_on = bmv == 1;       /* a full block (2) skips mask_mod */
+#else
+        const int mod_on = 1;
+#endif
+        int need_mask = (AL_HAS_MASK_MOD && mod_on) || n0 + BN > s.kv_len;
 #if AL_MASK_KIND != 0
         if (s.wr >= 0) need_mask |= n0 + BN - 1 > m0 + s.diag + s.wr;
         if (s.wl >= 0) need_mask |= n0 < m0 + BM - 1 + s.diag - s.wl;
@@ -201,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(fwd::NT) al_flash_fwd(const al_flas
                 const int i = r0 + ((e >> 1) << 3);
                 const int j = n0 + t * 8 + tq * 2 + (e & 1);
                 float x = al_fl_logit2(s, sc[t][e], p.scale, p.scale_log2, slope_log2, i, j);
-                if (need_mask && !al_fl_valid(s, i, j)) x = AL_NEG_INF;
+                if (need_mask && !al_fl_valid(s, i, j, mod_on)) x = AL_NEG_INF;
                 sc[t][e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }

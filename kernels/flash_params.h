@@ -47,6 +47,14 @@ typedef struct al_flash_params {
     int pad_;
     float scale;                         /* softmax scale */
     float scale_log2;                    /* scale * log2(e) */
+    /* variants (score_mod / mask_mod, flash_common.cuh's hooks; only variant specialisations read
+     * these, the default kernels never touch them) */
+    const void *cap[8];                  /* AL_CAP(k): capture k's data pointer (storage offset applied) */
+    float *cap_grad[8];                  /* AL_CAP_GRAD(k): f32 gradient accumulator of capture k, or NULL */
+    const unsigned char *bmask;          /* block mask u8 [bb, hb, MB, NB] (AL_BLOCK_MASK specialisations):
+                                            0 skip the tile, 1 evaluate mask_mod, 2 every element kept */
+    long long bm_sb, bm_sh, bm_sm, bm_sn;   /* its strides in elements (0 on a broadcast b / h dim) */
+    int bm_block_m, bm_block_n;          /* rows / columns of one block (multiples of the kernel tiles) */
 } al_flash_params;
 
 #endif /* ATTNLAB_FLASH_PARAMS_H */

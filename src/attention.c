@@ -71,7 +71,7 @@ AL_EXPORT float al_attn_dropout_uniform(uint64_t seed, uint64_t offset, uint64_t
 
 /* ---- validation and planning ------------------------------------------------------------------ */
 static void plan_free(al_attn_plan *pl) {
-    free(pl->q_start);   /* one block holds every int64 array */
+    if (pl->q_start != pl->small_b) free(pl->q_start);   /* one block holds every int64 array */
     free(pl->q_valid);
     free(pl->kv_valid);
     free(pl->alibi);
@@ -241,6 +241,74 @@ static al_status check_given(const char *what, int64_t given, int64_t actual) {
     return AL_OK;
 }
 
+/* ---- variants (al_attn_variant: score_mod / mask_mod snippets for the flash kernels) ---------------- */
+enum { VARIANT_MAX_SNIPPET = 64 * 1024 };   /* bytes per snippet: generated code is far shorter */
+
+static al_status check_snippet(const char *field, const char *text, int hook) {
+    if (!text) return AL_OK;
+    size_t n = strnlen(text, (size_t)VARIANT_MAX_SNIPPET + 1);
+    if (n > VARIANT_MAX_SNIPPET)
+        return al_error(AL_ERR_ARG, "attention: variant.%s: expected at most %d bytes of CUDA C, given more", field,
+                        VARIANT_MAX_SNIPPET);
+    /* a hook becomes a one-line macro body (newlines turn into spaces): a // comment would swallow the rest */
+    if (hook && strstr(text, "//"))
+        return al_error(AL_ERR_ARG, "attention: variant.%s: expected no // comment (the snippet becomes a one-line macro; "
+                        "write /* ... */), given \"%.80s\"", field, text);
+    return AL_OK;
+}
+
+static al_status check_variant(al_attn_plan *pl) {
+    const al_attn_variant *v = pl->in.variant;
+    if (!v) return AL_OK;
+    const al_tensor *q = pl->in.q;
+    const al_attn_params *p = &pl->p;
+    char b1[96], arg[48];
+    AL_TRY(check_snippet("score_mod", v->score_mod, 1));
+    AL_TRY(check_snippet("score_grad", v->score_grad, 1));
+    AL_TRY(check_snippet("mask_mod", v->mask_mod, 1));
+    AL_TRY(check_snippet("capture_grad", v->capture_grad, 1));
+    AL_TRY(check_snippet("prelude", v->prelude, 0));
+    if (v->ncaptures < 0 || v->ncaptures > AL_ATTN_VARIANT_MAX_CAPTURES)
+        return al_error(AL_ERR_ARG, "attention: variant.ncaptures: expected 0..%d, given %d", AL_ATTN_VARIANT_MAX_CAPTURES,
+                        v->ncaptures);
+    for (int k = 0; k < v->ncaptures; k++) {
+        const al_tensor *c = v->captures[k];
+        snprintf(arg, sizeof arg, "variant.captures[%d]", k);
+        AL_TRY(al_check_tensor("attention", arg, c));
+        if (c->device_type != q->device_type || (q->device_type == AL_DEVICE_CUDA && c->device_index != q->device_index))
+            return al_error(AL_ERR_ARG, "attention: %s: expected a tensor on q's device (%s:%d), given %s", arg,
+                            q->device_type == AL_DEVICE_CPU ? "cpu" : "cuda", q->device_index,
+                            al_tensor_describe(c, b1, sizeof b1));
+        const al_tensor *g = v->capture_grads[k];
+        if (!g) continue;
+        snprintf(arg, sizeof arg, "variant.capture_grads[%d]", k);
+        AL_TRY(al_check_tensor("attention", arg, g));
+        if (g->dtype != AL_DTYPE_F32 || !al_tensor_is_contiguous(g) || al_tensor_numel(g) != al_tensor_numel(c) ||
+            g->device_type != c->device_type || g->device_index != c->device_index)
+            return al_error(AL_ERR_ARG, "attention: %s: expected a contiguous f32 tensor of %lld elements (capture %d's "
+                            "numel) on capture %d's device, given %s", arg, (long long)al_tensor_numel(c), k, k,
+                            al_tensor_describe(g, b1, sizeof b1));
+    }
+    const al_tensor *m = v->block_mask;
+    if (!m) return AL_OK;
+    AL_TRY(al_check_tensor("attention", "variant.block_mask", m));
+    if (v->block_m <= 0 || v->block_n <= 0)
+        return al_error(AL_ERR_ARG, "attention: variant.block_m / block_n: expected > 0 with a block_mask, given %lld and %lld",
+                        (long long)v->block_m, (long long)v->block_n);
+    const int64_t mb = (p->sq + v->block_m - 1) / v->block_m, nb = (p->skv + v->block_n - 1) / v->block_n;
+    if (m->dtype != AL_DTYPE_U8 || m->ndim != 4 || (m->size[0] != 1 && m->size[0] != p->b) ||
+        (m->size[1] != 1 && m->size[1] != p->h) || m->size[2] != mb || m->size[3] != nb)
+        return al_error(AL_ERR_ARG, "attention: variant.block_mask: expected u8 [1|%lld, 1|%lld, %lld, %lld] (b, h, "
+                        "ceil(sq=%lld / block_m=%lld), ceil(skv=%lld / block_n=%lld)), given %s", (long long)p->b,
+                        (long long)p->h, (long long)mb, (long long)nb, (long long)p->sq, (long long)v->block_m,
+                        (long long)p->skv, (long long)v->block_n, al_tensor_describe(m, b1, sizeof b1));
+    if (m->device_type != q->device_type || (q->device_type == AL_DEVICE_CUDA && m->device_index != q->device_index))
+        return al_error(AL_ERR_ARG, "attention: variant.block_mask: expected a tensor on q's device (%s:%d), given %s",
+                        q->device_type == AL_DEVICE_CPU ? "cpu" : "cuda", q->device_index, al_tensor_describe(m, b1, sizeof b1));
+    for (int d = 0; d < 4; d++) pl->bmask_stride[d] = m->size[d] == 1 ? 0 : m->stride[d];
+    return AL_OK;
+}
+
 static al_status plan_build_inner(al_attn_plan *pl) {
     al_attn_params *p = &pl->p;
     const al_attn_inputs *in = &pl->in;
@@ -320,15 +388,18 @@ static al_status plan_build_inner(al_attn_plan *pl) {
     p->b = b;
 
     size_t nb = (size_t)(b > 0 ? b : 1);
-    pl->q_start = calloc(8 * nb, sizeof(int64_t));
+    /* small batches use the plan's inline arrays (zeroed by plan_build's memset), larger ones one block */
+    pl->q_start = nb <= AL_ATTN_PLAN_INLINE_B ? pl->small_b : calloc(8 * nb, sizeof(int64_t));
     if (!pl->q_start) return al_error(AL_ERR_OOM, "attention: out of memory");
     pl->kv_start = pl->q_start + nb; pl->q_len = pl->kv_start + nb; pl->kv_len = pl->q_len + nb;
     pl->q_rows = pl->kv_len + nb; pl->kv_rows = pl->q_rows + nb; pl->diag = pl->kv_rows + nb;
-    int64_t *cu = malloc(sizeof(int64_t) * 2 * (nb + 1));
+    int64_t cu_small[2 * (AL_ATTN_PLAN_INLINE_B + 1)];
+    int64_t *cu = nb <= AL_ATTN_PLAN_INLINE_B ? cu_small : malloc(sizeof(int64_t) * 2 * (nb + 1));
     if (!cu) return al_error(AL_ERR_OOM, "attention: out of memory");
     int64_t *cup = cu + nb + 1;
     al_status st = AL_OK;
-#define CU_TRY(e) do { st = (e); if (st != AL_OK) { free(cu); return st; } } while (0)
+#define CU_FREE() do { if (cu != cu_small) free(cu); } while (0)
+#define CU_TRY(e) do { st = (e); if (st != AL_OK) { CU_FREE(); return st; } } while (0)
 
     pl->has_padding = is_padding_mask(p->mask_type);
     if (thd) {
@@ -347,7 +418,7 @@ static al_status plan_build_inner(al_attn_plan *pl) {
                     if (cu[i + 1] - cu[i] > cup[i + 1] - cup[i]) {
                         /* read the lengths before free(cu): cup points into the same block (ASan: use after free) */
                         long long tokens = (long long)(cu[i + 1] - cu[i]), slots = (long long)(cup[i + 1] - cup[i]);
-                        free(cu);
+                        CU_FREE();
                         return al_error(AL_ERR_ARG, "attention: sequence %lld has %lld tokens in %s but only %lld slots in %s",
                                         (long long)i, tokens, nm, slots, nmp);
                     }
@@ -361,7 +432,7 @@ static al_status plan_build_inner(al_attn_plan *pl) {
             int64_t *given = side ? &p->skv : &p->sq;
             if (*given == 0) *given = mx;
             else if (*given < mx) {
-                free(cu);
+                CU_FREE();
                 return al_error(AL_ERR_ARG, "attention: max_seqlen_%s = %lld is below the longest sequence (%lld)",
                                 side ? "kv" : "q", (long long)*given, (long long)mx);
             }
@@ -372,33 +443,33 @@ static al_status plan_build_inner(al_attn_plan *pl) {
         CU_TRY(check_given("skv", p->skv, skv));
         p->sq = sq; p->skv = skv;
         if (in->cu_seqlens_q_padded || in->cu_seqlens_kv_padded) {
-            free(cu);
+            CU_FREE();
             return al_error(AL_ERR_ARG, "attention: cu_seqlens_q_padded/cu_seqlens_kv_padded apply to qkv_format=thd only");
         }
         for (int64_t i = 0; i < b; i++) { pl->q_len[i] = sq; pl->kv_len[i] = skv; }
         if ((in->cu_seqlens_q || in->cu_seqlens_kv || in->attention_mask) && !pl->has_padding &&
             p->mask_type != AL_ATTN_MASK_ARBITRARY) {
-            free(cu);
+            CU_FREE();
             return al_error(AL_ERR_ARG, "attention: attention_mask/cu_seqlens given but attn_mask_type=%s has no padding "
                             "(use padding, padding_causal or padding_causal_bottom_right)", mask_name(p->mask_type));
         }
         if (pl->has_padding && (in->cu_seqlens_q || in->cu_seqlens_kv)) {
-            if (!in->cu_seqlens_q || !in->cu_seqlens_kv) { free(cu); return al_error(AL_ERR_ARG, "attention: give both cu_seqlens_q and cu_seqlens_kv"); }
-            if (in->attention_mask) { free(cu); return al_error(AL_ERR_ARG, "attention: give padding as attention_mask or as cu_seqlens, not both"); }
+            if (!in->cu_seqlens_q || !in->cu_seqlens_kv) { CU_FREE(); return al_error(AL_ERR_ARG, "attention: give both cu_seqlens_q and cu_seqlens_kv"); }
+            if (in->attention_mask) { CU_FREE(); return al_error(AL_ERR_ARG, "attention: give padding as attention_mask or as cu_seqlens, not both"); }
             CU_TRY(read_cu("cu_seqlens_q", in->cu_seqlens_q, b, b * sq, "batch * max_seqlen_q", cu));
             for (int64_t i = 0; i < b; i++) {
                 pl->q_len[i] = cu[i + 1] - cu[i];
-                if (pl->q_len[i] > sq) { free(cu); return al_error(AL_ERR_ARG, "attention: cu_seqlens_q gives sequence %lld length %lld > sq = %lld", (long long)i, (long long)pl->q_len[i], (long long)sq); }
+                if (pl->q_len[i] > sq) { CU_FREE(); return al_error(AL_ERR_ARG, "attention: cu_seqlens_q gives sequence %lld length %lld > sq = %lld", (long long)i, (long long)pl->q_len[i], (long long)sq); }
             }
             CU_TRY(read_cu("cu_seqlens_kv", in->cu_seqlens_kv, b, b * skv, "batch * max_seqlen_kv", cu));
             for (int64_t i = 0; i < b; i++) {
                 pl->kv_len[i] = cu[i + 1] - cu[i];
-                if (pl->kv_len[i] > skv) { free(cu); return al_error(AL_ERR_ARG, "attention: cu_seqlens_kv gives sequence %lld length %lld > skv = %lld", (long long)i, (long long)pl->kv_len[i], (long long)skv); }
+                if (pl->kv_len[i] > skv) { CU_FREE(); return al_error(AL_ERR_ARG, "attention: cu_seqlens_kv gives sequence %lld length %lld > skv = %lld", (long long)i, (long long)pl->kv_len[i], (long long)skv); }
             }
         } else if (pl->has_padding && in->attention_mask) {
             pl->q_valid = malloc((size_t)(b * sq > 0 ? b * sq : 1));
             pl->kv_valid = malloc((size_t)(b * skv > 0 ? b * skv : 1));
-            if (!pl->q_valid || !pl->kv_valid) { free(cu); return al_error(AL_ERR_OOM, "attention: out of memory"); }
+            if (!pl->q_valid || !pl->kv_valid) { CU_FREE(); return al_error(AL_ERR_OOM, "attention: out of memory"); }
             CU_TRY(read_padding_mask("attention_mask", in->attention_mask, b, sq, pl->q_valid, pl->q_len));
             if (in->attention_mask_kv) {
                 CU_TRY(read_padding_mask("attention_mask_kv", in->attention_mask_kv, b, skv, pl->kv_valid, pl->kv_len));
@@ -406,17 +477,18 @@ static al_status plan_build_inner(al_attn_plan *pl) {
                 memcpy(pl->kv_valid, pl->q_valid, (size_t)(b * sq));
                 memcpy(pl->kv_len, pl->q_len, sizeof(int64_t) * (size_t)b);
             } else {
-                free(cu);
+                CU_FREE();
                 return al_error(AL_ERR_ARG, "attention: cross-attention (sq=%lld, skv=%lld) with a padding attention_mask needs "
                                 "the key-side mask too (attention_mask = {q_mask, kv_mask})", (long long)sq, (long long)skv);
             }
         } else if (in->attention_mask_kv) {
-            free(cu);
+            CU_FREE();
             return al_error(AL_ERR_ARG, "attention: attention_mask_kv given without a padding attention_mask");
         }
     }
-    free(cu);
+    CU_FREE();
 #undef CU_TRY
+#undef CU_FREE
     for (int64_t i = 0; i < b; i++) {
         pl->q_rows[i] = pl->q_valid ? sq : pl->q_len[i];
         pl->kv_rows[i] = pl->kv_valid ? skv : pl->kv_len[i];
@@ -535,6 +607,7 @@ static al_status plan_build_inner(al_attn_plan *pl) {
         }
     }
     AL_TRY(check_fp8(pl));
+    AL_TRY(check_variant(pl));
     if (p->softmax_scale == 0.0) p->softmax_scale = 1.0 / sqrt((double)dqk);
     if (!isfinite(p->softmax_scale))
         return al_error(AL_ERR_ARG, "attention: softmax_scale must be finite, got %g", p->softmax_scale);
@@ -594,7 +667,12 @@ static al_status choose(const al_attn_plan *pl, const al_attn_backend **out, cha
     char pname[17];
     /* at most 16 bytes of params.backend (it need not be NUL-terminated), but never past the end of a
      * shorter string: "" and getenv() strings are shorter than 16 bytes (ASan: global-buffer-overflow) */
-    snprintf(pname, sizeof pname, "%.16s", forced_name(&pl->p));
+    {
+        const char *fn = forced_name(&pl->p);
+        size_t k = 0;
+        while (k < sizeof pname - 1 && fn[k]) { pname[k] = fn[k]; k++; }
+        pname[k] = 0;
+    }
     int forced = -1;
     if (pname[0]) {
         for (int i = 0; i < NSLOTS; i++) if (strcmp(slot_names[i], pname) == 0) forced = i;
@@ -605,13 +683,24 @@ static al_status choose(const al_attn_plan *pl, const al_attn_backend **out, cha
     }
     *out = NULL;
     const char *forced_reason = NULL;
-    char forced_buf[256] = "";
+    char forced_buf[256] = "", flash_reason[256] = "";
     for (int i = 0; i < NSLOTS; i++) {
+        /* without an explanation to write, stop at the first backend that serves and ask only a forced
+         * backend: no other supports() runs, no reason text is formatted (bench/host_overhead.lua) */
+        if (!buf && (*out || (forced >= 0 && i != forced))) continue;
         const al_attn_backend *be = registry[i];
         int ok = 0;
-        if (!be) snprintf(reason, sizeof reason, "not available: the CUDA plugin did not register it");
+        reason[0] = 0;
+        if (pl->in.variant && i != SLOT_FLASH) {
+            /* variants are CUDA C snippets for the flash kernels' hooks; nobody else has hooks */
+            if (i == SLOT_CPU)
+                snprintf(reason, sizeof reason, "variants (score_mod/mask_mod) run on the flash backend; on the "
+                         "CPU the Lua front end evaluates them (its oracle), not the C cpu backend");
+            else
+                snprintf(reason, sizeof reason, "variants (score_mod/mask_mod) run on the flash backend only (the "
+                         "%s backend has no hook points)", slot_names[i]);
+        } else if (!be) snprintf(reason, sizeof reason, "not available: the CUDA plugin did not register it");
         else {
-            reason[0] = 0;
             if (pl->in.fp8 && !be->fp8) {
                 /* FP8 plans go only to backends that judge them (the cpu backend emulates FP8 exactly) */
                 if (i == SLOT_FUSED) snprintf(reason, sizeof reason, "FP8 SDPA through cuDNN is not implemented yet");
@@ -626,21 +715,29 @@ static al_status choose(const al_attn_plan *pl, const al_attn_backend **out, cha
             EMIT("  %-8s %s%s\n", slot_names[i], ok ? "skipped: another backend is forced" : "no: ", ok ? "" : reason);
             continue;
         }
+        /* a backend may leave "note: ..." in reason when it accepts (a caveat explain shows) */
+        const char *note = ok && strncmp(reason, "note: ", 6) == 0 ? reason + 6 : NULL;
         if (ok && !*out) {
             *out = be;
-            EMIT("  %-8s CHOSEN\n", slot_names[i]);
+            if (note) EMIT("  %-8s CHOSEN (%s)\n", slot_names[i], note);
+            else EMIT("  %-8s CHOSEN\n", slot_names[i]);
         } else if (ok) {
-            EMIT("  %-8s yes (lower preference)\n", slot_names[i]);
+            if (note) EMIT("  %-8s yes (lower preference; %s)\n", slot_names[i], note);
+            else EMIT("  %-8s yes (lower preference)\n", slot_names[i]);
         } else {
             EMIT("  %-8s no: %s\n", slot_names[i], reason);
             if (i == forced) { snprintf(forced_buf, sizeof forced_buf, "%s", reason); forced_reason = forced_buf; }
         }
+        if (i == SLOT_FLASH && !ok) snprintf(flash_reason, sizeof flash_reason, "%s", reason);
     }
 #undef EMIT
     if (!*out) {
         if (forced >= 0)
             return al_error(AL_ERR_UNSUPPORTED, "attention: forced backend '%s' cannot serve this call: %s", pname,
                             forced_reason ? forced_reason : "unsupported");
+        if (pl->in.variant)   /* only flash can serve it: its reason is the useful one */
+            return al_error(AL_ERR_UNSUPPORTED, "attention: a variant (score_mod/mask_mod) runs on the flash backend "
+                            "only, which cannot serve this call: %s", flash_reason[0] ? flash_reason : "not available");
         return al_error(AL_ERR_UNSUPPORTED, "attention: no attention backend is available for this call (%s tensors, "
                         "format %s, mask %s); al.attention.explain{...} lists each backend's reason",
                         pl->in.q->device_type == AL_DEVICE_CPU ? "cpu" : "cuda", fmt_name(pl->p.qkv_format),
@@ -680,7 +777,7 @@ AL_EXPORT const char *al_attn_explain(const al_attn_params *p, const al_attn_inp
             }
             snprintf(buf + used, (size_t)n - used,
                      "fp8: emulated (quantise -> dequantise at every slot, %s compute), q/k/v %s, forward %s, backward %s, "
-                     "out %s; scales QKV=%s S=%s O=%s dO=%s dP=%s dQKV=%s; only the cpu backend runs FP8 attention\n",
+                     "out %s; scales QKV=%s S=%s O=%s dO=%s dP=%s dQKV=%s; the cpu backend emulates, the fused backend runs cuDNN's FP8 SDPA\n",
                      pl.p.compute_dtype == AL_DTYPE_F64 ? "f64" : "f32", al_dtype_name(pl.in.q->dtype),
                      al_dtype_name(f->fwd_format), al_dtype_name(f->bwd_format), al_dtype_name(f->out_dtype), sc[0], sc[1],
                      sc[2], sc[3], sc[4], sc[5]);

@@ -14,6 +14,9 @@
  *   window_right >= 0 and j > i + diag[b] + window_right    (causal masks have window_right = 0)
  *   the arbitrary mask is true at (b, h, i, j) (broadcast)
  * where diag[b] = bottom_right ? kv_len[b] - q_len[b] : 0 (actual lengths, per sequence).
+ * A variant (in.variant: score_mod / mask_mod, validated here) is served by the flash backend only:
+ * the front door declines it for every other backend with the reason (the CPU oracle of variants is
+ * the Lua front end's).
  */
 #ifndef ATTNLAB_ATTENTION_INTERNAL_H
 #define ATTNLAB_ATTENTION_INTERNAL_H
@@ -24,6 +27,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+enum { AL_ATTN_PLAN_INLINE_B = 4 };
 
 typedef struct al_attn_plan {
     al_attn_params p;           /* resolved: extents filled, softmax_scale > 0, window set */
@@ -45,6 +50,10 @@ typedef struct al_attn_plan {
     /* the bias broadcast to 4-d [b,h,sq,skv] */
     int64_t bias_stride[4];
     int64_t bias_offset;
+    /* in.variant's block mask [bb, hb, MB, NB]: its strides, 0 on a broadcast (extent 1) b or h dim */
+    int64_t bmask_stride[4];
+    /* the per-sequence arrays above when b <= AL_ATTN_PLAN_INLINE_B (no allocation per call) */
+    int64_t small_b[8 * AL_ATTN_PLAN_INLINE_B];
 } al_attn_plan;
 
 /* A backend. supports() fills reason (NUL-terminated, n bytes) when it returns 0. */

@@ -20,6 +20,11 @@
  * in log2 units, dQ accumulators zeroed), bwd (dK, dV written; dQ accumulated in f32), bwd_dq (dq).
  * thd gradients are zero-filled first (gaps between padded sequences are never visited otherwise).
  *
+ * Variants (al_attn_inputs.variant: score_mod / mask_mod snippets, captures, a block mask): the
+ * snippets become hook macros prepended to the kernel source (flash_specs.h, contract in
+ * kernels/flash_common.cuh), compiled per (spec, variant hash, block-mask flag) and kept in an LRU of
+ * 64 loaded modules (below); block_m / block_n must be multiples of 64.
+ *
  * al_flash_info(buf, n) (exported, like al_fused_info): the NVRTC/cache counters and the log of
  * compiled / loaded specialisations with their times.
  */
@@ -35,9 +40,11 @@ extern "C" {
 #include "cuda/cuda_internal.h"
 #include "cuda/nvrtc_cache.h"
 #include "cuda/flash_specs.h"
+#include "cuda/attn_flash_sm90.h"
 #include "../../kernels/flash_params.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -99,20 +106,101 @@ static al_flash_spec spec_of(const al_attn_plan *pl, int kind) {
     else if (p->window_left < 0 && p->window_right == 0) s.mask = AL_FLASH_MASK_CAUSAL;
     else s.mask = AL_FLASH_MASK_WINDOW;
     s.bottom_right = (s.mask != AL_FLASH_MASK_NONE || s.alibi) ? pl->bottom_right : 0;
+    const al_attn_variant *v = pl->in.variant;
+    if (v) al_flash_spec_set_variant(&s, v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
+                                     v->block_mask != NULL);
     return s;
 }
 
-/* Compile or load a specialisation's functions. */
-static al_status get_functions(int32_t dev, const al_flash_spec *s, CUfunction *fns, int *nfns) {
+/* Compile or load a specialisation's functions (prefix: a variant's generated source, or NULL). */
+static al_status nvrtc_functions(int32_t dev, const al_flash_spec *s, const char *prefix, CUfunction *fns, int *nfns) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
     const int nopts = al_flash_spec_options(s, opts);
     const char *optp[AL_FLASH_MAX_OPTS];
     for (int i = 0; i < nopts; i++) optp[i] = opts[i];
     const char *names[4];
     *nfns = al_flash_spec_functions(s, names);
-    char label[96];
+    char label[128];
     al_flash_spec_name(s, label, sizeof label);
-    return al_nvrtc_get(dev, al_flash_spec_file(s), optp, nopts, names, *nfns, label, fns);
+    return al_nvrtc_get(dev, al_flash_spec_file(s), prefix, optp, nopts, names, *nfns, label, fns);
+}
+
+static void nvrtc_drop(int32_t dev, const al_flash_spec *s, const char *prefix) {
+    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
+    const int nopts = al_flash_spec_options(s, opts);
+    const char *optp[AL_FLASH_MAX_OPTS];
+    for (int i = 0; i < nopts; i++) optp[i] = opts[i];
+    const char *names[4];
+    const int nf = al_flash_spec_functions(s, names);
+    al_nvrtc_unload(dev, al_flash_spec_file(s), prefix, optp, nopts, names, nf);
+}
+
+/* ---- variant specialisations: an LRU of loaded modules ---------------------------------------------
+ * Key: (device, spec) where the spec carries the variant's 128-bit source hash and the block-mask flag
+ * (al_flash_spec_set_variant hashes the five snippet strings on every call: FNV-1a over a few hundred
+ * bytes, well under a microsecond, so the caller needs no stable key of its own). A hit costs that
+ * hash plus a scan of FL_VCACHE entries; a miss builds the source and goes through nvrtc_cache (disk
+ * cache, else NVRTC). The 65th distinct variant evicts the least recently used one and unloads its
+ * module. g_vc_lock is held by a variant call from the lookup until its last kernel is queued, so no
+ * thread can launch a function whose module another thread is unloading (al_nvrtc_unload also waits
+ * for the device first, for kernels already queued). Default specialisations never pass through here. */
+#define FL_VCACHE 64
+typedef struct fl_ventry {
+    int used;
+    int32_t dev;
+    al_flash_spec spec;
+    char *prefix;              /* the generated source (needed again to unload) */
+    CUfunction fns[4];
+    int nfns;
+    uint64_t stamp;
+} fl_ventry;
+static fl_ventry g_vc[FL_VCACHE];
+static uint64_t g_vc_clock;
+static pthread_mutex_t g_vc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* g_vc_lock held. */
+static al_status variant_functions(int32_t dev, const al_flash_spec *s, const al_attn_variant *v, CUfunction *fns,
+                                   int *nfns) {
+    int slot = -1;
+    for (int i = 0; i < FL_VCACHE; i++)
+        if (g_vc[i].used && g_vc[i].dev == dev && memcmp(&g_vc[i].spec, s, sizeof *s) == 0) {
+            g_vc[i].stamp = ++g_vc_clock;
+            memcpy(fns, g_vc[i].fns, sizeof g_vc[i].fns);
+            *nfns = g_vc[i].nfns;
+            return AL_OK;
+        }
+    char *prefix = al_flash_variant_source(v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
+                                           al_flash_spec_file(s));
+    if (!prefix) return al_error(AL_ERR_OOM, "out of host memory for a variant's source");
+    al_status st = nvrtc_functions(dev, s, prefix, fns, nfns);
+    if (st != AL_OK) {
+        free(prefix);
+        return al_error_prefix(st, "variant (score_mod/mask_mod) kernel");
+    }
+    for (int i = 0; i < FL_VCACHE && slot < 0; i++)
+        if (!g_vc[i].used) slot = i;
+    if (slot < 0) {   /* evict the least recently used variant */
+        slot = 0;
+        for (int i = 1; i < FL_VCACHE; i++)
+            if (g_vc[i].stamp < g_vc[slot].stamp) slot = i;
+        nvrtc_drop(g_vc[slot].dev, &g_vc[slot].spec, g_vc[slot].prefix);
+        free(g_vc[slot].prefix);
+    }
+    fl_ventry *e = &g_vc[slot];
+    e->used = 1;
+    e->dev = dev;
+    e->spec = *s;
+    e->prefix = prefix;
+    memcpy(e->fns, fns, sizeof e->fns);
+    e->nfns = *nfns;
+    e->stamp = ++g_vc_clock;
+    return AL_OK;
+}
+
+static al_status get_functions(int32_t dev, const al_attn_plan *pl, const al_flash_spec *s, CUfunction *fns,
+                               int *nfns) {
+    if (s->variant) return variant_functions(dev, s, pl->in.variant, fns, nfns);
+    return nvrtc_functions(dev, s, NULL, fns, nfns);
 }
 
 static al_status launch(CUfunction f, const char *what, unsigned gx, unsigned gy, unsigned gz, unsigned threads,
@@ -120,6 +208,7 @@ static al_status launch(CUfunction f, const char *what, unsigned gx, unsigned gy
     CUresult r = CUDA_SUCCESS;
     if (smem > 48 * 1024) r = cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
     void *args[] = {prm};
+    al_cu_note_launch(what);   /* an asynchronous fault is reported later, naming it (launch_log.cu) */
     if (r == CUDA_SUCCESS) r = cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem, (CUstream)s, args, NULL);
     if (r != CUDA_SUCCESS) {
         const char *msg = NULL, *nm = NULL;
@@ -206,6 +295,14 @@ static int32_t fl_supports(const al_attn_plan *pl, char *reason, size_t n) {
                  (long long)p->b, (long long)p->h, (long long)p->sq, (long long)p->skv);
         return 0;
     }
+    const al_attn_variant *var = pl->in.variant;
+    if (var && var->block_mask && (var->block_m % 64 != 0 || var->block_n % 64 != 0 || var->block_m > (1 << 30) ||
+                                   var->block_n > (1 << 30))) {
+        snprintf(reason, n, "block_mask blocks of %lld x %lld: the flash kernels need block_m and block_n multiples of 64 "
+                 "(forward tiles 64 x %d, backward tiles 32 x 64), e.g. block=128",
+                 (long long)var->block_m, (long long)var->block_n, p->d_qk == 256 ? 32 : 64);
+        return 0;
+    }
     char kdir[1024];
     if (al_nvrtc_kernel_dir(kdir, sizeof kdir) != AL_OK) {
         snprintf(reason, n, "%s", al_last_error());
@@ -255,6 +352,22 @@ static al_status fl_params(fl_ctx *c, const al_attn_plan *pl, al_flash_params *p
     prm->wr = (int)p->window_right;
     prm->scale = (float)p->softmax_scale;
     prm->scale_log2 = (float)(p->softmax_scale * 1.4426950408889634);
+    const al_attn_variant *var = pl->in.variant;
+    if (var) {   /* captures and the block mask stay where the caller has them (validated by attention.c) */
+        for (int k = 0; k < var->ncaptures; k++) {
+            prm->cap[k] = al_tensor_data_ptr(var->captures[k]);
+            prm->cap_grad[k] = var->capture_grads[k] ? (float *)al_tensor_data_ptr(var->capture_grads[k]) : NULL;
+        }
+        if (var->block_mask) {
+            prm->bmask = (const unsigned char *)al_tensor_data_ptr(var->block_mask);
+            prm->bm_sb = pl->bmask_stride[0];
+            prm->bm_sh = pl->bmask_stride[1];
+            prm->bm_sm = pl->bmask_stride[2];
+            prm->bm_sn = pl->bmask_stride[3];
+            prm->bm_block_m = (int)var->block_m;
+            prm->bm_block_n = (int)var->block_n;
+        }
+    }
     const int thd = fmt == AL_ATTN_FORMAT_THD;
     int lens = thd || pl->has_padding;
     for (int64_t i = 0; i < B && !lens; i++) lens = pl->q_len[i] != p->sq || pl->kv_len[i] != p->skv;
@@ -290,7 +403,7 @@ static al_status fl_forward_inner(fl_ctx *c, const al_attn_plan *pl, al_tensor *
     const al_flash_tiles tl = al_flash_spec_tiles(&spec);
     CUfunction fns[4];
     int nf = 0;
-    AL_TRY(get_functions(c->dev, &spec, fns, &nf));
+    AL_TRY(get_functions(c->dev, pl, &spec, fns, &nf));
 
     int64_t osize[4];
     const int nd = q->ndim;
@@ -311,6 +424,10 @@ static al_status fl_forward_inner(fl_ctx *c, const al_attn_plan *pl, al_tensor *
         AL_CUDA_TRY(cudaMemsetAsync(al_tensor_data_ptr(out), 0, (size_t)nbytes, c->s));
     }
     if (p->sq == 0 || p->b == 0) return AL_OK;
+    /* the Hopper (wgmma/TMA) forward where it applies: opt-in (ATTNLAB_FLASH_SM90=1) until verified */
+    int done = 0;
+    AL_TRY(al_flash_sm90_forward(c->dev, pl, &prm, c->s, &done));
+    if (done) return AL_OK;
     const unsigned gx = (unsigned)((p->sq + tl.bm - 1) / tl.bm);
     return launch(fns[0], "al_flash_fwd", gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads, (unsigned)tl.smem,
                   c->s, &prm);
@@ -321,7 +438,9 @@ static al_status fl_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *l
     memset(&c, 0, sizeof c);
     c.dev = pl->in.q->device_index;
     al_status st = al_cu_begin("attention (flash)", c.dev, &c.s);
+    if (pl->in.variant) pthread_mutex_lock(&g_vc_lock);     /* see the variant LRU above */
     if (st == AL_OK) st = fl_forward_inner(&c, pl, out, lse);
+    if (pl->in.variant) pthread_mutex_unlock(&g_vc_lock);
     fl_release(&c);
     if (st != AL_OK) {
         st = al_error_prefix(st, "attention_forward (flash)");
@@ -355,7 +474,7 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
     const al_flash_tiles tl = al_flash_spec_tiles(&spec);
     CUfunction fns[4];
     int nf = 0;
-    AL_TRY(get_functions(c->dev, &spec, fns, &nf));
+    AL_TRY(get_functions(c->dev, pl, &spec, fns, &nf));
 
     /* dout's tiles are read with cp.async like q's: a contiguous copy in q's dtype when they cannot be */
     const al_tensor *g = dout;
@@ -429,7 +548,9 @@ static al_status fl_backward(const al_attn_plan *pl, const al_tensor *out, const
     memset(&c, 0, sizeof c);
     c.dev = pl->in.q->device_index;
     al_status st = al_cu_begin("attention (flash)", c.dev, &c.s);
+    if (pl->in.variant) pthread_mutex_lock(&g_vc_lock);     /* see the variant LRU above */
     if (st == AL_OK) st = fl_backward_inner(&c, pl, out, dout, lse, dq, dk, dv);
+    if (pl->in.variant) pthread_mutex_unlock(&g_vc_lock);
     fl_release(&c);
     if (st != AL_OK) {
         st = al_error_prefix(st, "attention_backward (flash)");

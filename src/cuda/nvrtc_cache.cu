@@ -41,7 +41,7 @@ static int g_hdr_ready;
 static char g_arch[AL_CU_MAX_DEVICES][16];
 static int g_cc[AL_CU_MAX_DEVICES];
 /* statistics */
-static int64_t g_compiles, g_disk_loads, g_mem_hits, g_disk_writes_failed;
+static int64_t g_compiles, g_disk_loads, g_mem_hits, g_disk_writes_failed, g_unloads;
 static double g_compile_ms, g_disk_ms;
 static char g_log[NV_LOG_LINES][160];
 static int g_nlog;
@@ -324,19 +324,31 @@ static al_status load_module(const char *image, const char *const *names, int nn
     return AL_OK;
 }
 
-static al_status get_locked(int32_t dev, const char *file, const char *const *opts, int nopts, const char *const *names,
-                            int nnames, const char *label, CUfunction *fns) {
-    if (nnames < 1 || nnames > NV_MAX_FNS)
-        return al_error(AL_ERR_INTERNAL, "nvrtc: %d function names for %s (1..%d)", nnames, label, NV_MAX_FNS);
-    /* the in-memory key */
-    size_t klen = strlen(file) + 2;
+/* The in-memory key (malloc'd): file, options, names, and the prefix's hash (the prefix itself may
+ * be long; 128 bits of FNV-1a identify it). */
+static char *make_key(const char *file, const char *prefix, const char *const *opts, int nopts,
+                      const char *const *names, int nnames) {
+    size_t klen = strlen(file) + 2 + 48;
     for (int i = 0; i < nopts; i++) klen += strlen(opts[i]) + 1;
     for (int i = 0; i < nnames; i++) klen += strlen(names[i]) + 1;
     char *key = (char *)malloc(klen);
-    if (!key) return al_error(AL_ERR_OOM, "nvrtc: out of memory");
+    if (!key) return NULL;
     size_t u = (size_t)sprintf(key, "%s\n", file);
     for (int i = 0; i < nopts; i++) u += (size_t)sprintf(key + u, "%s\n", opts[i]);
     for (int i = 0; i < nnames; i++) u += (size_t)sprintf(key + u, "%s\n", names[i]);
+    if (prefix) {
+        unsigned __int128 ph = fnv128_str(fnv128_init(), prefix);
+        sprintf(key + u, "prefix %016llx%016llx\n", (unsigned long long)(ph >> 64), (unsigned long long)ph);
+    }
+    return key;
+}
+
+static al_status get_locked(int32_t dev, const char *file, const char *prefix, const char *const *opts, int nopts,
+                            const char *const *names, int nnames, const char *label, CUfunction *fns) {
+    if (nnames < 1 || nnames > NV_MAX_FNS)
+        return al_error(AL_ERR_INTERNAL, "nvrtc: %d function names for %s (1..%d)", nnames, label, NV_MAX_FNS);
+    char *key = make_key(file, prefix, opts, nopts, names, nnames);
+    if (!key) return al_error(AL_ERR_OOM, "nvrtc: out of memory");
     for (int i = 0; i < g_ntab; i++)
         if (g_tab[i].dev == dev && strcmp(g_tab[i].key, key) == 0) {
             free(key);
@@ -365,6 +377,21 @@ static al_status get_locked(int32_t dev, const char *file, const char *const *op
         st = al_error(AL_ERR_DEVICE, "nvrtc: cannot read the kernel source %s: %s", path, strerror(errno));
         free(key);
         return st;
+    }
+    if (prefix) {   /* the compiled text is prefix + file: the cache key below hashes exactly that */
+        size_t pl = strlen(prefix);
+        char *both = (char *)malloc(pl + slen + 2);
+        if (!both) {
+            free(src);
+            free(key);
+            return al_error(AL_ERR_OOM, "nvrtc: out of memory");
+        }
+        memcpy(both, prefix, pl);
+        both[pl] = '\n';
+        memcpy(both + pl + 1, src, slen + 1);
+        free(src);
+        src = both;
+        slen += pl + 1;
     }
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
@@ -443,13 +470,37 @@ static al_status get_locked(int32_t dev, const char *file, const char *const *op
     return AL_OK;
 }
 
-al_status al_nvrtc_get(int32_t dev, const char *file, const char *const *opts, int nopts, const char *const *names,
-                       int nnames, const char *label, CUfunction *fns) {
+al_status al_nvrtc_get(int32_t dev, const char *file, const char *prefix, const char *const *opts, int nopts,
+                       const char *const *names, int nnames, const char *label, CUfunction *fns) {
     AL_TRY(al_cu_check_dev("nvrtc", dev));
     pthread_mutex_lock(&g_lock);
-    al_status st = get_locked(dev, file, opts, nopts, names, nnames, label, fns);
+    al_status st = get_locked(dev, file, prefix, opts, nopts, names, nnames, label, fns);
     pthread_mutex_unlock(&g_lock);
     return st;
+}
+
+void al_nvrtc_unload(int32_t dev, const char *file, const char *prefix, const char *const *opts, int nopts,
+                     const char *const *names, int nnames) {
+    char *key = make_key(file, prefix, opts, nopts, names, nnames);
+    if (!key) return;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < g_ntab; i++)
+        if (g_tab[i].dev == dev && strcmp(g_tab[i].key, key) == 0) {
+            int cur = -1;
+            cudaGetDevice(&cur);
+            if (cur != dev) cudaSetDevice(dev);
+            /* kernels of this module may still be queued on some stream: wait for them */
+            cudaDeviceSynchronize();
+            cuModuleUnload(g_tab[i].mod);
+            (void)cudaGetLastError();
+            if (cur >= 0 && cur != dev) cudaSetDevice(cur);
+            free(g_tab[i].key);
+            g_tab[i] = g_tab[--g_ntab];
+            g_unloads++;
+            break;
+        }
+    pthread_mutex_unlock(&g_lock);
+    free(key);
 }
 
 int64_t al_nvrtc_info(char *buf, int64_t n) {
@@ -462,10 +513,10 @@ int64_t al_nvrtc_info(char *buf, int64_t n) {
     if (buf && n > 0) {
         size_t u = (size_t)snprintf(buf, (size_t)n,
                                     "nvrtc=%d.%d kernel_dir=%s cache_dir=%s compiled=%lld (%.0f ms) disk_loads=%lld (%.1f ms) "
-                                    "memory_hits=%lld cache_write_failures=%lld",
+                                    "memory_hits=%lld cache_write_failures=%lld unloaded=%lld",
                                     major, minor, g_kdir_state == 1 ? g_kdir : "(not found yet)", cdir,
                                     (long long)g_compiles, g_compile_ms, (long long)g_disk_loads, g_disk_ms,
-                                    (long long)g_mem_hits, (long long)g_disk_writes_failed);
+                                    (long long)g_mem_hits, (long long)g_disk_writes_failed, (long long)g_unloads);
         for (int i = 0; i < g_nlog && u < (size_t)n; i++) u += (size_t)snprintf(buf + u, (size_t)n - u, "\n%s", g_log[i]);
     }
     pthread_mutex_unlock(&g_lock);

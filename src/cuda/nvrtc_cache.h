@@ -3,10 +3,13 @@
  * "kernels"): NVRTC for the device's architecture, an on-disk cubin cache, and an in-memory table of
  * loaded functions per device. Used by the flash backend (attn_flash.cu); any kernel file works.
  *
- *   al_nvrtc_get(dev, file, opts, nopts, names, nnames, label, fns)
- *       fns[i] = function names[i] of kernels/<file> compiled with opts (-D defines ...) for dev.
- *       1. in-memory table (dev, file, opts): the functions, no I/O;
- *       2. disk: <cache>/<arch>/<key>.cubin, key = FNV-1a 128 of a format tag, the kernel source,
+ *   al_nvrtc_get(dev, file, prefix, opts, nopts, names, nnames, label, fns)
+ *       fns[i] = function names[i] of kernels/<file> compiled with opts (-D defines ...) for dev;
+ *       prefix (NULL = none): source text compiled in front of the file's (the flash variants'
+ *       generated hooks, cuda/flash_specs.h).
+ *       1. in-memory table (dev, file, opts, hash of prefix): the functions, no I/O;
+ *       2. disk: <cache>/<arch>/<key>.cubin, key = FNV-1a 128 of a format tag, the source (prefix
+ *          included),
  *          every *.h / *.cuh beside it, the options, the NVRTC version and the architecture;
  *       3. NVRTC: --gpu-architecture=sm_90a on cc 9.0 (sm_XY elsewhere), -default-device,
  *          -std=c++17, -I<kernel dir>, then opts; the cubin is written to a temp file and renamed
@@ -27,8 +30,14 @@
 #include <cuda.h>
 
 /* Compile or load; see above. label names the specialisation in messages ("fwd d128 bf16 causal"). */
-AL_CU_HIDDEN al_status al_nvrtc_get(int32_t dev, const char *file, const char *const *opts, int nopts,
-                                    const char *const *names, int nnames, const char *label, CUfunction *fns);
+AL_CU_HIDDEN al_status al_nvrtc_get(int32_t dev, const char *file, const char *prefix, const char *const *opts,
+                                    int nopts, const char *const *names, int nnames, const char *label,
+                                    CUfunction *fns);
+/* Drop one entry of the in-memory table (same arguments as al_nvrtc_get) and unload its module, after
+ * waiting for the device (its kernels may still be queued). The caller guarantees that nobody launches
+ * the entry's functions afterwards (attn_flash.cu's variant LRU holds its lock across get + launch). */
+AL_CU_HIDDEN void al_nvrtc_unload(int32_t dev, const char *file, const char *prefix, const char *const *opts,
+                                  int nopts, const char *const *names, int nnames);
 /* The architecture string NVRTC targets for dev ("sm_90a"), and its compute capability. */
 AL_CU_HIDDEN al_status al_nvrtc_arch(int32_t dev, char *buf, size_t n, int *cc);
 /* The folder holding the kernel sources; the message lists every place searched when none has them. */

@@ -1,0 +1,339 @@
+/*
+ * kernels/flash_fwd_sm90.cu — Hopper (sm_90a) forward for the `flash` backend: wgmma + TMA + mbarriers +
+ * warp specialisation. A drop-in for al_flash_fwd (kernels/flash_fwd.cu): the same al_flash_params,
+ * operand conventions, output and LSE (natural log, -inf for empty rows). Host side:
+ * src/cuda/attn_flash_sm90.cu; specialisations and launch shape: src/cuda/flash_sm90_specs.h.
+ *
+ * Variants (-D defines):
+ *   AL_HEAD_DIM 64 | 128 | 256, AL_BF16 1 | 0 (f16)
+ *   AL_MASK_KIND 0 none | 1 causal | 2 window (runtime wl, wr); AL_BOTTOM_RIGHT 0 | 1
+ *   AL_SM90_BN (key rows per tile: 64 or 128), AL_SM90_STAGES (K/V smem stages),
+ *   AL_SM90_CONSUMERS (consumer warpgroups, 64 query rows each; BM = 64 * CONSUMERS)
+ *   Not here (the host sends these to kernels/flash_fwd.cu): ALiBi, the score/mask hooks.
+ * Check / bench: tests/cuda/flash_sm90_check.cu (against the stage-1 kernel and a naive reference).
+ *
+ * Design (FA3-style, first version):
+ *   grid (ceil(SQ/BM), H, B); causal grids visit Q blocks longest-first. 128 * (1 + CONSUMERS) threads.
+ *   Warpgroup 0 = producer: setmaxnreg down to 64; one warp loads Q once and the K/V tiles of the Q
+ *   block's key range into a STAGES-deep ring with TMA (cp.async.bulk.tensor.4d, 128-byte swizzle,
+ *   boxes of 64 columns), each tile completing on its own "full" mbarrier (arrive.expect_tx). The
+ *   last, partial tile of a sequence (rows past kv_len) is copied by the warp with ordinary loads
+ *   and zero-filled instead: TMA would read the next sequence's rows there (thd, padding), and V
+ *   rows must be finite for 0 * V to vanish. K and V have separate full/empty barriers so that
+ *   K(j+1) is requested as soon as S(j) is done with K(j).
+ *   Warpgroups 1.. = consumers: setmaxnreg up to 216; each owns 64 query rows.
+ *     S = Q K^T: wgmma m64nBNk16, A = Q and B = K from shared memory (descriptors, K-major);
+ *     mask, online softmax in log2 units with the scale folded into one FFMA per element
+ *     (max taken on raw scores; the host requires scale > 0), P packed to 16 bits in registers;
+ *     O += P V: wgmma m64nDk16 with A = P from registers (the f32 accumulator layout of S, packed
+ *     in pairs, is the A-fragment layout) and B = V from shared memory (MN-major, imm-trans-b).
+ *     Each warp's lane 0 arrives on the tile's "empty" barrier after the wgmma that read it retired.
+ *   Epilogue: O / l stored from registers (16-bit pairs), LSE = (m + log2 l) ln 2.
+ *   Not yet (see the report in notes / issue 6): ping-pong scheduling of the two consumer
+ *   warpgroups, intra-warpgroup overlap of softmax(j) with the GEMMs of j+1, TMA stores of O,
+ *   a persistent tile scheduler, cluster multicast of K/V.
+ * Shared memory (from a 1024-byte aligned base): Q [D/64 boxes][BM][64] | K [STAGES][D/64][BN][64] |
+ * V [STAGES][D/64][BN][64] | mbarriers. Rows past the tensor's extent come back as zeros from TMA.
+ */
+#include "flash_common.cuh"
+#include "sm90_common.cuh"
+
+#if AL_ALIBI || AL_HAS_SCORE_MOD || AL_HAS_MASK_MOD
+#error "flash_fwd_sm90.cu: ALiBi and the score/mask hooks are served by flash_fwd.cu"
+#endif
+#ifndef AL_SM90_BN
+#define AL_SM90_BN (AL_HEAD_DIM == 256 ? 64 : 128)
+#endif
+#ifndef AL_SM90_STAGES
+#define AL_SM90_STAGES 2
+#endif
+#ifndef AL_SM90_CONSUMERS
+#define AL_SM90_CONSUMERS 2
+#endif
+
+namespace f90 {
+constexpr int D = AL_HEAD_DIM;
+constexpr int BN = AL_SM90_BN;
+constexpr int ST = AL_SM90_STAGES;
+constexpr int NC = AL_SM90_CONSUMERS;
+constexpr int BM = 64 * NC;
+constexpr int NT = 128 * (1 + NC);
+constexpr int BOXES = D / 64;                 /* 64-column TMA boxes per row */
+constexpr int Q_BYTES = BM * D * 2;
+constexpr int KV_BYTES = BN * D * 2;
+constexpr int PRODUCER_REGS = 64;
+constexpr int CONSUMER_REGS = 216;
+static_assert(BN == 64 || BN == 128, "BLOCK_N is 64 or 128");
+static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128, 256");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register file");
+}  // namespace f90
+
+/* the wgmma wrappers for this specialisation's N */
+#if AL_SM90_BN == 64
+#define AL_WG_SS_S al_wgmma_ss_n64
+#define AL_WG_FENCE_S al_wg_fence_regs_n64
+#else
+#define AL_WG_SS_S al_wgmma_ss_n128
+#define AL_WG_FENCE_S al_wg_fence_regs_n128
+#endif
+#if AL_HEAD_DIM == 64
+#define AL_WG_RS_O al_wgmma_rs_n64_tb
+#define AL_WG_FENCE_O al_wg_fence_regs_n64
+#elif AL_HEAD_DIM == 128
+#define AL_WG_RS_O al_wgmma_rs_n128_tb
+#define AL_WG_FENCE_O al_wg_fence_regs_n128
+#else
+#define AL_WG_RS_O al_wgmma_rs_n256_tb
+#define AL_WG_FENCE_O al_wg_fence_regs_n256
+#endif
+
+/* The warp copies rows [0, valid) of a [BN][D] tile from global memory into the swizzled box layout
+ * TMA would produce and zero-fills the rest; then makes the stores visible to wgmma (async proxy). */
+AL_DEV void f90_copy_partial(al_u32 dst, const al_u16 *g, long long st, int valid, int lane) {
+    using namespace f90;
+    constexpr int CPR = D / 8;
+    for (int c = lane; c < BN * CPR; c += 32) {
+        const int r = c / CPR, ch = c % CPR;
+        const al_u32 a = dst + (ch >> 3) * (BN * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < valid) v = *(const uint4 *)(g + (long long)r * st + ch * 8);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                     : "memory");
+    }
+    al_fence_proxy_async();
+    __syncwarp();
+}
+
+/* dynamic shared memory: see al_flash_sm90_spec_tiles (src/cuda/flash_sm90_specs.h) */
+extern "C" __global__ void __launch_bounds__(f90::NT, 1)
+    al_flash_fwd_sm90(const __grid_constant__ al_flash_params p, const __grid_constant__ al_sm90_tmaps tm) {
+    using namespace f90;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;
+    const int m_block = AL_MASK_KIND == 1 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (p.H / p.HG);
+    const al_fl_seq s = al_fl_seq_make(p, b, h);
+    const int m0 = m_block * BM;
+    float *lse_row = p.lse + ((long long)b * p.H + h) * p.SQ;
+
+    if (m0 >= s.q_len) {     /* past the sequence: lse = -inf (out was zero-filled by the host) */
+        for (int i = m0 + tid; i < m0 + BM && i < p.SQ; i += NT) lse_row[i] = AL_NEG_INF;
+        return;
+    }
+    /* the key range that rows [m0, m_last] can see (as flash_fwd.cu) */
+    const int m_last = min(m0 + BM, s.q_len) - 1;
+    int n_lo = 0, n_hi = s.kv_len;
+#if AL_MASK_KIND != 0
+    if (s.wl >= 0) n_lo = max(0, m0 + s.diag - s.wl);
+    if (s.wr >= 0) n_hi = min(s.kv_len, m_last + s.diag + s.wr + 1);
+#endif
+    const int nb_lo = n_lo / BN;
+    const int nblk = n_hi > n_lo ? (n_hi + BN - 1) / BN - nb_lo : 0;
+
+    const al_u32 base = (al_smem_addr(smem_raw) + 1023u) & ~1023u;
+    const al_u32 sQ = base;
+    const al_u32 sK = sQ + Q_BYTES;
+    const al_u32 sV = sK + ST * KV_BYTES;
+    const al_u32 sBar = sV + ST * KV_BYTES;
+    /* barriers: q_full | k_full[ST] | v_full[ST] | k_empty[ST] | v_empty[ST] */
+    const al_u32 bar_q = sBar;
+#define BAR_KF(i) (sBar + 8u * (1 + (i)))
+#define BAR_VF(i) (sBar + 8u * (1 + ST + (i)))
+#define BAR_KE(i) (sBar + 8u * (1 + 2 * ST + (i)))
+#define BAR_VE(i) (sBar + 8u * (1 + 3 * ST + (i)))
+    if (tid == 0) {
+        al_mbar_init(bar_q, 1);
+        for (int i = 0; i < ST; i++) {
+            al_mbar_init(BAR_KF(i), 1);
+            al_mbar_init(BAR_VF(i), 1);
+            al_mbar_init(BAR_KE(i), 4 * NC);   /* lane 0 of every consumer warp */
+            al_mbar_init(BAR_VE(i), 4 * NC);
+        }
+        al_mbar_init_fence();
+    }
+    __syncthreads();
+
+    const long long q_start = p.q_start ? p.q_start[b] : 0;
+    const long long kv_start = p.kv_start ? p.kv_start[b] : 0;
+
+    if (wg == 0) {
+        /* ---------------- producer ---------------- */
+        al_reg_dealloc<PRODUCER_REGS>();
+        const int warp = tid >> 5, lane = tid & 31;
+        if (warp != 0 || nblk == 0) return;
+        /* TMA batch coordinate: maps of tensors with sb == 0 (thd) have one batch entry */
+        const int qb = p.q.sb ? b : 0, kb = p.k.sb ? b : 0, vb = p.v.sb ? b : 0;
+        if (lane == 0) {
+            al_tma_prefetch(&tm.q);
+            al_tma_prefetch(&tm.k);
+            al_tma_prefetch(&tm.v);
+            al_mbar_arrive_tx(bar_q, Q_BYTES);
+#pragma unroll
+            for (int x = 0; x < BOXES; x++) al_tma_load_4d(sQ + x * (BM * 128), &tm.q, bar_q, x * 64, (int)(q_start + m0), h, qb);
+        }
+        const al_u16 *gK = (const al_u16 *)p.k.ptr + b * p.k.sb + kv_start * p.k.st + (long long)hk * p.k.sh;
+        const al_u16 *gV = (const al_u16 *)p.v.ptr + b * p.v.sb + kv_start * p.v.st + (long long)hk * p.v.sh;
+        for (int j = 0; j < nblk; j++) {
+            const int stg = j % ST, ph = (j / ST) & 1;
+            const int n0 = (nb_lo + j) * BN;
+            const int full = n0 + BN <= s.kv_len;
+            const al_u32 kdst = sK + stg * KV_BYTES, vdst = sV + stg * KV_BYTES;
+            al_mbar_wait(BAR_KE(stg), ph ^ 1);
+            if (full) {
+                if (lane == 0) {
+                    al_mbar_arrive_tx(BAR_KF(stg), KV_BYTES);
+#pragma unroll
+                    for (int x = 0; x < BOXES; x++)
+                        al_tma_load_4d(kdst + x * (BN * 128), &tm.k, BAR_KF(stg), x * 64, (int)(kv_start + n0), hk, kb);
+                }
+            } else {
+                f90_copy_partial(kdst, gK + (long long)n0 * p.k.st, p.k.st, s.kv_len - n0, lane);
+                if (lane == 0) al_mbar_arrive(BAR_KF(stg));
+            }
+            al_mbar_wait(BAR_VE(stg), ph ^ 1);
+            if (full) {
+                if (lane == 0) {
+                    al_mbar_arrive_tx(BAR_VF(stg), KV_BYTES);
+#pragma unroll
+                    for (int x = 0; x < BOXES; x++)
+                        al_tma_load_4d(vdst + x * (BN * 128), &tm.v, BAR_VF(stg), x * 64, (int)(kv_start + n0), hk, vb);
+                }
+            } else {
+                f90_copy_partial(vdst, gV + (long long)n0 * p.v.st, p.v.st, s.kv_len - n0, lane);
+                if (lane == 0) al_mbar_arrive(BAR_VF(stg));
+            }
+        }
+        return;
+    }
+
+    /* ---------------- consumers ---------------- */
+    al_reg_alloc<CONSUMER_REGS>();
+    const int cw = wg - 1;                       /* consumer index: rows m0 + 64 cw .. + 63 */
+    const int wq = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int r0 = m0 + cw * 64 + wq * 16 + g;   /* this thread's rows: r0 and r0 + 8 */
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+    float m_run[2] = {AL_NEG_INF, AL_NEG_INF};   /* running max, log2 units (scaled) */
+    float l_run[2] = {0.0f, 0.0f};               /* this thread's part of the row sums */
+    const float sl2 = p.scale_log2;
+
+    if (nblk > 0) al_mbar_wait(bar_q, 0);
+    const al_u32 qa = sQ + cw * (64 * 128);      /* this warpgroup's 64 rows inside each Q box */
+    for (int j = 0; j < nblk; j++) {
+        const int stg = j % ST, ph = (j / ST) & 1;
+        const int n0 = (nb_lo + j) * BN;
+        const al_u32 kt = sK + stg * KV_BYTES, vt = sV + stg * KV_BYTES;
+
+        /* S = Q K^T */
+        float sc[BN / 2];
+        al_mbar_wait(BAR_KF(stg), ph);
+        al_wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const al_u64 da = al_desc_sw128(qa + (ks >> 2) * (BM * 128) + (ks & 3) * 32, 16, 1024);
+            const al_u64 db = al_desc_sw128(kt + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+            AL_WG_SS_S(sc, da, db, ks > 0);
+        }
+        al_wg_commit();
+        al_wg_wait<0>();
+        AL_WG_FENCE_S(sc);
+        if (lane == 0) al_mbar_arrive(BAR_KE(stg));
+
+        /* mask, online softmax (accumulator element e of n8 tile t: row r0 + 8 (e >> 1),
+         * column n0 + 8 t + 2 tq + (e & 1)) */
+        int need_mask = n0 + BN > s.kv_len;
+#if AL_MASK_KIND != 0
+        if (s.wr >= 0) need_mask |= n0 + BN - 1 > m0 + s.diag + s.wr;
+        if (s.wl >= 0) need_mask |= n0 < m0 + BM - 1 + s.diag - s.wl;
+#endif
+        if (need_mask) {
+#pragma unroll
+            for (int t = 0; t < BN / 8; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (!al_fl_valid(s, r0 + ((e >> 1) << 3), n0 + t * 8 + tq * 2 + (e & 1))) sc[t * 4 + e] = AL_NEG_INF;
+        }
+        float mx[2] = {AL_NEG_INF, AL_NEG_INF};
+#pragma unroll
+        for (int t = 0; t < BN / 8; t++) {
+            mx[0] = fmaxf(mx[0], fmaxf(sc[t * 4 + 0], sc[t * 4 + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(sc[t * 4 + 2], sc[t * 4 + 3]));
+        }
+        float corr[2], nbase[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float m_new = fmaxf(m_run[r], mx[r] * sl2);
+            const float bse = m_new == AL_NEG_INF ? 0.0f : m_new;   /* nothing visible yet */
+            corr[r] = al_ex2(m_run[r] - bse);                       /* ex2(-inf) = 0 */
+            nbase[r] = -bse;
+            m_run[r] = m_new;
+            l_run[r] *= corr[r];
+        }
+#pragma unroll
+        for (int t = 0; t < D / 8; t++) {
+            o[t * 4 + 0] *= corr[0];
+            o[t * 4 + 1] *= corr[0];
+            o[t * 4 + 2] *= corr[1];
+            o[t * 4 + 3] *= corr[1];
+        }
+        al_u32 pa[BN / 16][4];
+#pragma unroll
+        for (int t = 0; t < BN / 8; t++) {
+            const float p0 = al_ex2(fmaf(sc[t * 4 + 0], sl2, nbase[0]));
+            const float p1 = al_ex2(fmaf(sc[t * 4 + 1], sl2, nbase[0]));
+            const float p2 = al_ex2(fmaf(sc[t * 4 + 2], sl2, nbase[1]));
+            const float p3 = al_ex2(fmaf(sc[t * 4 + 3], sl2, nbase[1]));
+            l_run[0] += p0 + p1;
+            l_run[1] += p2 + p3;
+            pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(p0, p1);   /* row r0,     k = 8 (t & 1) + 2 tq */
+            pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(p2, p3);   /* row r0 + 8, same k */
+        }
+
+        /* O += P V */
+        al_mbar_wait(BAR_VF(stg), ph);
+        al_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            AL_WG_RS_O(o, pa[kk], al_desc_sw128(vt + kk * (16 * 128), BN * 128, 1024));
+        al_wg_commit();
+        al_wg_wait<0>();
+        AL_WG_FENCE_O(o);
+        al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
+        if (lane == 0) al_mbar_arrive(BAR_VE(stg));
+    }
+
+    /* epilogue: O / l, LSE */
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+        l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+        inv[r] = l_run[r] > 0.0f ? 1.0f / l_run[r] : 0.0f;
+    }
+    al_u16 *gO = (al_u16 *)p.o.ptr + b * p.o.sb + q_start * p.o.st + (long long)h * p.o.sh;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = r0 + r * 8;
+        if (i >= p.SQ) continue;
+        if (i >= s.q_len) {
+            if (tq == 0) lse_row[i] = AL_NEG_INF;
+            continue;
+        }
+        al_u16 *orow = gO + (long long)i * p.o.st;
+#pragma unroll
+        for (int t = 0; t < D / 8; t++)
+            *(al_u32 *)(orow + t * 8 + tq * 2) = al_pack2(o[t * 4 + 2 * r] * inv[r], o[t * 4 + 2 * r + 1] * inv[r]);
+        if (tq == 0) lse_row[i] = l_run[r] > 0.0f ? (m_run[r] + __log2f(l_run[r])) * AL_LN2 : AL_NEG_INF;
+    }
+#undef BAR_KF
+#undef BAR_VF
+#undef BAR_KE
+#undef BAR_VE
+}

@@ -1,0 +1,106 @@
+/*
+ * cuda/attn_flash_sm90.cu — host side of the Hopper forward (kernels/flash_fwd_sm90.cu): which plans it
+ * serves, its specialisation (flash_sm90_specs.h), NVRTC through nvrtc_cache (sm_90a), the TMA tensor
+ * maps (flash_sm90_tma.h) and the launch. The contract is in attn_flash_sm90.h; attn_flash.cu's forward
+ * calls al_flash_sm90_forward before its stage-1 launch.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/attn_flash_sm90.h"
+#include "cuda/nvrtc_cache.h"
+#include "cuda/flash_sm90_specs.h"
+#include "cuda/flash_sm90_tma.h"
+
+/* Opt-in until the kernel has passed tests/cuda/flash_sm90_check.cu and the flash specs on an H200:
+ * it was written in a session without GPU time, so it only runs when ATTNLAB_FLASH_SM90=1. */
+static int sm90_env_off(void) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90");
+    return !(e && strcmp(e, "1") == 0);
+}
+
+static void why_set(char *why, size_t n, const char *msg) {
+    if (why && n) snprintf(why, n, "%s", msg);
+}
+
+/* the plan's specialisation (flash_specs.h's rule, without ALiBi) */
+static al_flash_spec sm90_spec(const al_attn_plan *pl) {
+    const al_attn_params *p = &pl->p;
+    al_flash_spec s;
+    memset(&s, 0, sizeof s);
+    s.kind = AL_FLASH_FWD;
+    s.d = (int)p->d_qk;
+    s.bf16 = pl->in.q->dtype == AL_DTYPE_BF16;
+    if (p->window_left < 0 && p->window_right < 0) s.mask = AL_FLASH_MASK_NONE;
+    else if (p->window_left < 0 && p->window_right == 0) s.mask = AL_FLASH_MASK_CAUSAL;
+    else s.mask = AL_FLASH_MASK_WINDOW;
+    s.bottom_right = s.mask != AL_FLASH_MASK_NONE ? pl->bottom_right : 0;
+    return s;
+}
+
+int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
+    const al_attn_params *p = &pl->p;
+    if (sm90_env_off()) { why_set(why, n, "the sm_90 (wgmma/TMA) forward is opt-in until verified on a GPU: set ATTNLAB_FLASH_SM90=1"); return 0; }
+    int cc = 0;
+    if (al_nvrtc_arch(pl->in.q->device_index, NULL, 0, &cc) != AL_OK) {
+        al_clear_error();
+        why_set(why, n, "compute capability unknown");
+        return 0;
+    }
+    if (cc != 90) { why_set(why, n, "not an sm_90 device (wgmma/TMA kernels are sm_90a)"); return 0; }
+    if (pl->in.q->dtype != AL_DTYPE_BF16 && pl->in.q->dtype != AL_DTYPE_F16) { why_set(why, n, "dtype"); return 0; }
+    if (p->d_qk != p->d_v || (p->d_qk != 64 && p->d_qk != 128 && p->d_qk != 256)) {
+        why_set(why, n, "head dim");
+        return 0;
+    }
+    if (p->bias_type == AL_ATTN_BIAS_ALIBI || pl->alibi) { why_set(why, n, "ALiBi (stage-1 kernel)"); return 0; }
+    if (pl->in.variant) { why_set(why, n, "score_mod / mask_mod variant (stage-1 kernel)"); return 0; }
+    if (!(p->softmax_scale > 0.0)) { why_set(why, n, "softmax_scale <= 0 (the row max is taken on raw scores)"); return 0; }
+    return 1;
+}
+
+al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm, cudaStream_t s,
+                                int *done) {
+    *done = 0;
+    if (!al_flash_sm90_applies(pl, NULL, 0)) return AL_OK;
+    const al_attn_params *p = &pl->p;
+    const al_flash_spec spec = sm90_spec(pl);
+    const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(&spec);
+    const int thd = p->qkv_format == AL_ATTN_FORMAT_THD;
+    const long long rows_q = thd ? (long long)pl->in.q->size[0] : (long long)p->sq;
+    const long long rows_kv = thd ? (long long)pl->in.k->size[0] : (long long)p->skv;
+    if (rows_q < 1 || rows_kv < 1 || p->b < 1) return AL_OK;   /* nothing to read: stage 1 handles the edge */
+    al_flash_sm90_tmaps tm;
+    memset(&tm, 0, sizeof tm);
+    if (al_flash_sm90_tmaps_make(&tm, prm, spec.bf16, spec.d, rows_q, rows_kv, tl.bm, tl.bn) != CUDA_SUCCESS)
+        return AL_OK;                                           /* strides TMA cannot describe: stage 1 */
+
+    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
+    const int nopts = al_flash_sm90_spec_options(&spec, opts);
+    const char *optp[AL_FLASH_MAX_OPTS];
+    for (int i = 0; i < nopts; i++) optp[i] = opts[i];
+    const char *name = al_flash_sm90_function();
+    char label[96];
+    al_flash_sm90_spec_name(&spec, label, sizeof label);
+    CUfunction fn;
+    AL_TRY(al_nvrtc_get(dev, al_flash_sm90_spec_file(), NULL, optp, nopts, &name, 1, label, &fn));
+
+    CUresult r = cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tl.smem);
+    al_flash_params prm_copy = *prm;
+    void *args[] = {&prm_copy, &tm};
+    const unsigned gx = (unsigned)((p->sq + tl.bm - 1) / tl.bm);
+    if (r == CUDA_SUCCESS)
+        r = cuLaunchKernel(fn, gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)tl.smem,
+                           (CUstream)s, args, NULL);
+    if (r != CUDA_SUCCESS) {
+        const char *msg = NULL, *nm = NULL;
+        cuGetErrorString(r, &msg);
+        cuGetErrorName(r, &nm);
+        return al_error(AL_ERR_CUDA, "launching al_flash_fwd_sm90 (%s; grid %u x %lld x %lld, %d threads, %d bytes of "
+                        "shared memory) failed: %s (%s)", label, gx, (long long)p->h, (long long)p->b, tl.threads,
+                        tl.smem, msg ? msg : "?", nm ? nm : "?");
+    }
+    *done = 1;
+    return AL_OK;
+}

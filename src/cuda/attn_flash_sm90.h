@@ -1,0 +1,28 @@
+/*
+ * cuda/attn_flash_sm90.h — the Hopper forward path of the flash backend (src/cuda/attn_flash_sm90.cu,
+ * kernels/flash_fwd_sm90.cu): called by attn_flash.cu's forward in place of the stage-1 kernel.
+ */
+#ifndef ATTNLAB_CUDA_ATTN_FLASH_SM90_H
+#define ATTNLAB_CUDA_ATTN_FLASH_SM90_H
+
+extern "C" {
+#include "attention_internal.h"
+}
+#include "cuda/cuda_internal.h"
+#include "../../kernels/flash_params.h"
+
+/* 1 when the sm90 kernel serves this plan; otherwise 0 and why not in why (may be NULL).
+ * Serves: an sm_90 device, f16/bf16, d_qk == d_v in {64, 128, 256}, no mask / causal / sliding window
+ * (top-left or bottom-right), every format (sbhd, bshd, thd with cu_seqlens(_padded)), GQA/MQA,
+ * softmax_scale > 0, strides the TMA encoder takes (16-byte multiples, no broadcast head dim).
+ * Declines ALiBi and variants (score_mod / mask_mod): the stage-1 kernel serves those.
+ * ATTNLAB_FLASH_SM90=0 turns the path off (A/B comparisons); unset or 1: on where it applies. */
+AL_CU_HIDDEN int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n);
+
+/* Runs the forward with the sm90 kernel when it applies: *done = 1 after the launch; *done = 0 (and
+ * nothing done) when it does not apply. prm: filled as for al_flash_fwd (fl_params, o, lse), the output
+ * already zero-filled where the stage-1 path would. Errors (compile, launch) are returned. */
+AL_CU_HIDDEN al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm,
+                                             cudaStream_t s, int *done);
+
+#endif /* ATTNLAB_CUDA_ATTN_FLASH_SM90_H */

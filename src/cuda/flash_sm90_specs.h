@@ -1,0 +1,78 @@
+/*
+ * cuda/flash_sm90_specs.h — the specialisations of the Hopper forward kernel (kernels/flash_fwd_sm90.cu):
+ * their -D options, tile sizes, launch shape and shared-memory size. Plain C (static inline, no CUDA
+ * types), shared by the host side (src/cuda/attn_flash_sm90.cu) and by the GPU check program
+ * (tests/cuda/flash_sm90_check.cu), so both compile exactly the same option lists. Reuses
+ * al_flash_spec (flash_specs.h) with kind = AL_FLASH_FWD and alibi = 0.
+ *
+ * A specialisation: head dim (64, 128, 256) x dtype (bf16, f16) x mask (none; causal and window,
+ * top-left or bottom-right) = 30 shipped (al_flash_sm90_spec_at).
+ * Launch: grid (ceil(SQ / BM), H, B), 128 * (1 + CONSUMERS) threads: warpgroup 0 is the producer
+ * (one warp issues the TMA loads), warpgroups 1..CONSUMERS each own 64 query rows.
+ */
+#ifndef ATTNLAB_CUDA_FLASH_SM90_SPECS_H
+#define ATTNLAB_CUDA_FLASH_SM90_SPECS_H
+
+#include "cuda/flash_specs.h"
+
+typedef struct al_flash_sm90_tiles {
+    int bm, bn;          /* query rows per CTA (64 per consumer warpgroup), key rows per K/V tile */
+    int stages;          /* K/V shared-memory stages */
+    int consumers;       /* consumer warpgroups */
+    int threads;
+    int smem;            /* dynamic shared memory, bytes (tiles + barriers + 1024 alignment slack) */
+} al_flash_sm90_tiles;
+
+static inline al_flash_sm90_tiles al_flash_sm90_spec_tiles(const al_flash_spec *s) {
+    al_flash_sm90_tiles t;
+    t.consumers = 2;
+    t.bm = 64 * t.consumers;
+    /* d=256: 64-key tiles keep O (128 f32 per thread) + S + P under the consumers' 216 registers */
+    t.bn = s->d == 256 ? 64 : 128;
+    t.stages = s->d == 64 ? 3 : 2;
+    t.threads = 128 * (1 + t.consumers);
+    t.smem = t.bm * s->d * 2 + 2 * t.stages * t.bn * s->d * 2 + 1024 + 1024;
+    return t;
+}
+
+static inline const char *al_flash_sm90_spec_file(void) { return "flash_fwd_sm90.cu"; }
+static inline const char *al_flash_sm90_function(void) { return "al_flash_fwd_sm90"; }
+
+/* The -D options (no architecture: nvrtc_cache adds sm_90a). Returns the count. */
+static inline int al_flash_sm90_spec_options(const al_flash_spec *s, char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN]) {
+    al_flash_sm90_tiles t = al_flash_sm90_spec_tiles(s);
+    int n = 0;
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_HEAD_DIM=%d", s->d);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BF16=%d", s->bf16 ? 1 : 0);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_MASK_KIND=%d", s->mask);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BOTTOM_RIGHT=%d", s->bottom_right ? 1 : 0);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BN=%d", t.bn);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_STAGES=%d", t.stages);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);
+    return n;
+}
+
+/* "fwd-sm90 d128 bf16 causal-br" */
+static inline void al_flash_sm90_spec_name(const al_flash_spec *s, char *buf, size_t n) {
+    static const char *masks[] = {"nomask", "causal", "window"};
+    snprintf(buf, n, "fwd-sm90 d%d %s %s%s", s->d, s->bf16 ? "bf16" : "f16", masks[s->mask],
+             s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
+}
+
+/* Every shipped specialisation, i in [0, al_flash_sm90_spec_count()). */
+static inline int al_flash_sm90_spec_count(void) { return 3 * 2 * 5; }
+static inline void al_flash_sm90_spec_at(int i, al_flash_spec *s) {
+    static const int dims[3] = {64, 128, 256};
+    static const int mk[5] = {0, 1, 1, 2, 2};
+    static const int br[5] = {0, 0, 1, 0, 1};
+    memset(s, 0, sizeof *s);
+    s->kind = AL_FLASH_FWD;
+    s->mask = mk[i % 5];
+    s->bottom_right = br[i % 5];
+    i /= 5;
+    s->bf16 = i % 2 == 0;
+    i /= 2;
+    s->d = dims[i % 3];
+}
+
+#endif /* ATTNLAB_CUDA_FLASH_SM90_SPECS_H */

@@ -1,0 +1,797 @@
+/*
+ * test_flash_variant.c — attention variants (al_attn_inputs.variant: score_mod / mask_mod CUDA snippets,
+ * captured tensors and their gradients, block masks) on the C/CUDA side (issue 9).
+ *
+ * Always (no GPU needed):
+ *   - validation: every al_attn_variant field the front door checks, each error naming the field;
+ *   - backend choice: cpu, unfused and fused decline a variant with the reason al_attn_explain shows;
+ *     a forced cpu backend is an error that says why; an automatic choice names flash;
+ *   - the generated source (cuda/flash_specs.h): hook macros, identity hash, spec name;
+ *   - NVRTC compiles flash_fwd.cu and flash_bwd.cu (d = 64, 128, bf16, sm_90a) with a soft-capping
+ *     score_mod + score_grad, a relative-position bias read from a capture, a mask_mod reading a
+ *     captured i32 tensor, a capture_grad statement and a block mask (NVRTC needs no GPU; skipped with
+ *     the reason when libnvrtc is absent). Kernel folder: $ATTNLAB_KERNEL_DIR, else ./kernels.
+ * With a GPU (else reported skipped: "no GPU"):
+ *   forward and backward through the flash backend against a naive oracle in double written here
+ *   (independent of the cpu backend), bf16, random inputs, TE's bf16 tolerance (atol = rtol = 1.5e-2):
+ *   soft-capping (+ built-in causal), a document mask from a captured i32 tensor, a learnable
+ *   relative-position bias with its gradient (GQA, d = 128), a sliding window via block mask + mask_mod
+ *   composed with built-in causal, including fully skipped rows (O = 0, LSE = -inf); and block-mask
+ *   skipping giving bit-identical results to the same variant without the block mask (deterministic
+ *   backward).
+ */
+#include "test_main.h"
+#include "cuda/flash_specs.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* ---- CPU tensors for the validation tests ------------------------------------------------------- */
+static al_tensor make_cpu(int32_t ndim, const int64_t *size, int32_t dtype) {
+    al_tensor t;
+    memset(&t, 0, sizeof t);
+    al_status st = al_tensor_empty(&t, ndim, size, dtype, AL_DEVICE_CPU, 0);
+    if (st == AL_OK && al_dtype_is_float(dtype)) al_tensor_random_(&t, AL_RANDOM_NORMAL);
+    else if (st == AL_OK) al_tensor_fill_(&t, 1.0);
+    return t;
+}
+
+/* q, k, v bshd f32 [2, 128, 2, 64] on the CPU and a variant with one capture */
+typedef struct vfix {
+    al_tensor q, k, v, cap, capg, bm;
+    al_attn_params p;
+    al_attn_inputs in;
+    al_attn_variant var;
+} vfix;
+
+static void vfix_init(vfix *f) {
+    memset(f, 0, sizeof *f);
+    const int64_t qs[4] = {2, 128, 2, 64}, cs[1] = {256}, bs[4] = {1, 2, 2, 2};
+    f->q = make_cpu(4, qs, AL_DTYPE_F32);
+    f->k = make_cpu(4, qs, AL_DTYPE_F32);
+    f->v = make_cpu(4, qs, AL_DTYPE_F32);
+    f->cap = make_cpu(1, cs, AL_DTYPE_I32);
+    f->capg = make_cpu(1, cs, AL_DTYPE_F32);
+    f->bm = make_cpu(4, bs, AL_DTYPE_U8);
+    al_attn_params_init(&f->p);
+    f->p.qkv_format = AL_ATTN_FORMAT_BSHD;
+    f->p.mask_type = AL_ATTN_MASK_NO_MASK;
+    f->in.q = &f->q;
+    f->in.k = &f->k;
+    f->in.v = &f->v;
+    f->var.score_mod = "score * 0.5f";
+    f->var.score_grad = "grad * 0.5f";
+    f->var.mask_mod = "((const int *)AL_CAP(0))[q_idx] == ((const int *)AL_CAP(0))[kv_idx]";
+    f->var.ncaptures = 1;
+    f->var.captures[0] = &f->cap;
+    f->var.capture_grads[0] = &f->capg;
+    f->var.block_mask = &f->bm;
+    f->var.block_m = 64;
+    f->var.block_n = 64;
+    f->in.variant = &f->var;
+}
+
+static void vfix_free(vfix *f) {
+    al_tensor *ts[] = {&f->q, &f->k, &f->v, &f->cap, &f->capg, &f->bm};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) al_tensor_release(ts[i]);
+}
+
+static void test_validation(void) {
+    vfix f;
+    vfix_init(&f);
+    /* the valid fixture passes validation (the backend choice is tested below) */
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+
+    f.var.ncaptures = 9;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.ncaptures: expected 0..8, given 9");
+    f.var.ncaptures = -1;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.ncaptures");
+    f.var.ncaptures = 2;   /* captures[1] is NULL */
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.captures[1]: expected a tensor, got nothing");
+    f.var.ncaptures = 1;
+
+    /* capture gradients: f32, contiguous, the capture's numel */
+    const int64_t s1[1] = {256}, s2[1] = {255}, s3[2] = {16, 32};
+    al_tensor g_i32 = make_cpu(1, s1, AL_DTYPE_I32), g_short = make_cpu(1, s2, AL_DTYPE_F32);
+    al_tensor g_big = make_cpu(2, s3, AL_DTYPE_F32), g_strided;
+    memset(&g_strided, 0, sizeof g_strided);
+    CHECK_OK(al_tensor_transpose(&g_strided, &g_big, 0, 1));
+    al_tensor g_view;
+    memset(&g_view, 0, sizeof g_view);
+    CHECK_OK(al_tensor_narrow(&g_view, &g_strided, 0, 0, 16));   /* [16, 16] of a transposed [32, 16]: 256, strided */
+    f.var.capture_grads[0] = &g_i32;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.capture_grads[0]: expected a contiguous f32 tensor of 256");
+    f.var.capture_grads[0] = &g_short;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "given f32 [255]");
+    f.var.capture_grads[0] = &g_view;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.capture_grads[0]");
+    f.var.capture_grads[0] = NULL;   /* NULL: no gradient wanted, valid */
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.capture_grads[0] = &f.capg;
+    al_tensor_release(&g_i32);
+    al_tensor_release(&g_short);
+    al_tensor_release(&g_big);
+    al_tensor_release(&g_strided);
+    al_tensor_release(&g_view);
+
+    /* block mask: u8 [1|b, 1|h, ceil(sq/bm), ceil(skv/bn)], block sizes > 0 */
+    f.var.block_m = 0;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.block_m / block_n: expected > 0 with a block_mask, given 0 and 64");
+    f.var.block_m = 64;
+    f.var.block_n = 128;   /* wants [.., 2, 1] */
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.block_mask: expected u8 [1|2, 1|2, 2, 1]");
+    f.var.block_n = 50;    /* ceil(128/50) = 3 */
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "ceil(skv=128 / block_n=50)");
+    f.var.block_n = 64;
+    const int64_t b3[4] = {3, 2, 2, 2}, b2[4] = {2, 2, 2, 2}, b1[3] = {2, 2, 2};
+    al_tensor m_b3 = make_cpu(4, b3, AL_DTYPE_U8), m_f32 = make_cpu(4, b2, AL_DTYPE_F32), m_3d = make_cpu(3, b1, AL_DTYPE_U8);
+    al_tensor m_ok = make_cpu(4, b2, AL_DTYPE_U8);
+    f.var.block_mask = &m_b3;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "given u8 [3,2,2,2]");
+    f.var.block_mask = &m_f32;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.block_mask: expected u8");
+    f.var.block_mask = &m_3d;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.block_mask");
+    f.var.block_mask = &m_ok;   /* the full [b, h, ..] form */
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.block_mask = &f.bm;
+    al_tensor_release(&m_b3);
+    al_tensor_release(&m_f32);
+    al_tensor_release(&m_3d);
+    al_tensor_release(&m_ok);
+
+    /* snippets: no // comments in hooks (they become one-line macros), bounded length */
+    f.var.mask_mod = "q_idx >= kv_idx // causal";
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.mask_mod: expected no // comment");
+    f.var.mask_mod = "q_idx >= kv_idx /* causal */";
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.prelude = "// a comment is fine in the prelude\n";
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.prelude = NULL;
+    char *big = malloc(70000);
+    memset(big, '1', 69999);
+    big[69999] = 0;
+    f.var.score_mod = big;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_mod: expected at most 65536 bytes");
+    f.var.score_mod = NULL;
+    f.var.capture_grad = big;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.capture_grad");
+    free(big);
+    vfix_free(&f);
+}
+
+static void test_backend_choice(void) {
+    vfix f;
+    vfix_init(&f);
+    char buf[4096];
+    const char *be = al_attn_explain(&f.p, &f.in, buf, sizeof buf);
+    CHECK(be == NULL, "a CPU call with a variant must have no backend, got %s", be ? be : "");
+    CHECK(strstr(buf, "cpu      no: variants (score_mod/mask_mod) run on the flash backend; on the CPU the Lua front end") != NULL,
+          "explain lacks the cpu backend's reason:\n%s", buf);
+    CHECK(strstr(buf, "unfused  no: variants (score_mod/mask_mod) run on the flash backend only") != NULL,
+          "explain lacks the unfused backend's reason:\n%s", buf);
+    CHECK(strstr(buf, "fused    no: variants (score_mod/mask_mod) run on the flash backend only") != NULL,
+          "explain lacks the fused backend's reason:\n%s", buf);
+    CHECK(strstr(buf, "flash    no: ") != NULL, "explain lacks the flash line:\n%s", buf);
+    CHECK(strstr(buf, "error: attention: a variant (score_mod/mask_mod) runs on the flash backend only") != NULL,
+          "explain lacks the verdict:\n%s", buf);
+
+    al_tensor out, lse;
+    CHECK_ERR(al_attn_forward(&f.p, &f.in, &out, &lse, NULL), AL_ERR_UNSUPPORTED,
+              "a variant (score_mod/mask_mod) runs on the flash backend only, which cannot serve this call");
+    CHECK(out.storage == NULL && lse.storage == NULL, "outputs must stay empty on failure");
+    snprintf(f.p.backend, sizeof f.p.backend, "cpu");
+    CHECK_ERR(al_attn_forward(&f.p, &f.in, &out, &lse, NULL), AL_ERR_UNSUPPORTED,
+              "forced backend 'cpu' cannot serve this call: variants (score_mod/mask_mod) run on the flash backend; on the CPU");
+    /* without the variant the same call runs on the cpu backend (the decline is the variant's) */
+    f.in.variant = NULL;
+    CHECK_OK(al_attn_forward(&f.p, &f.in, &out, &lse, NULL));
+    al_tensor_release(&out);
+    al_tensor_release(&lse);
+    vfix_free(&f);
+}
+
+/* ---- generated source and identity ------------------------------------------------------------------- */
+static void test_variant_source(void) {
+    char *src = al_flash_variant_source("score * 2.0f", NULL, "q_idx >= kv_idx\n&& 1", "atomicAdd(AL_CAP_GRAD(0), grad)",
+                                        "static __device__ int f(int x) { return x; }", "flash_fwd.cu");
+    CHECK(src != NULL, "no source");
+    if (!src) return;
+    CHECK(strstr(src, "#define AL_VARIANT 1\n") != NULL, "%s", src);
+    CHECK(strstr(src, "#define AL_SCORE_MOD(score, b, h, q_idx, kv_idx) (score * 2.0f)\n") != NULL, "%s", src);
+    CHECK(strstr(src, "AL_SCORE_MOD_GRAD") == NULL, "a NULL score_grad must leave the default:\n%s", src);
+    CHECK(strstr(src, "#define AL_MASK_MOD(b, h, q_idx, kv_idx) (q_idx >= kv_idx && 1)\n") != NULL,
+          "newlines in a snippet become spaces:\n%s", src);
+    CHECK(strstr(src, "#define AL_CAPTURE_GRAD(grad, score, b, h, q_idx, kv_idx) do { atomicAdd(AL_CAP_GRAD(0), grad); } while (0)\n") != NULL,
+          "%s", src);
+    CHECK(strstr(src, "static __device__ int f(int x)") < strstr(src, "#define AL_SCORE_MOD"), "the prelude precedes the hooks");
+    CHECK(strstr(src, "#line 1 \"flash_fwd.cu\"\n") != NULL, "%s", src);
+    free(src);
+
+    al_flash_spec a, b, c, d, e;
+    memset(&a, 0, sizeof a);
+    a.kind = AL_FLASH_FWD;
+    a.d = 64;
+    a.bf16 = 1;
+    b = c = d = e = a;
+    al_flash_spec_set_variant(&a, "score", NULL, NULL, NULL, NULL, 0);
+    al_flash_spec_set_variant(&b, "score", NULL, NULL, NULL, NULL, 1);
+    al_flash_spec_set_variant(&c, NULL, "score", NULL, NULL, NULL, 0);   /* same text, another hook */
+    al_flash_spec_set_variant(&d, "score", NULL, NULL, NULL, NULL, 0);
+    al_flash_spec_set_variant(&e, "score", "", NULL, NULL, NULL, 0);     /* "" differs from NULL */
+    CHECK(a.variant == 1 && b.block_mask == 1 && a.block_mask == 0, "flags");
+    CHECK(memcmp(&a, &d, sizeof a) == 0, "one variant, one identity");
+    CHECK(memcmp(&a, &b, sizeof a) != 0, "the block-mask flag is part of the identity");
+    CHECK(a.vhash[0] != c.vhash[0] && a.vhash[1] != c.vhash[1], "hook position is part of the hash");
+    CHECK(a.vhash[0] != e.vhash[0], "NULL and \"\" differ");
+    char nm[128];
+    al_flash_spec_name(&b, nm, sizeof nm);
+    CHECK(strstr(nm, "fwd d64 bf16 nomask variant ") == nm && strstr(nm, " blockmask") != NULL, "name '%s'", nm);
+    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
+    int n = al_flash_spec_options(&b, opts), found = 0;
+    for (int i = 0; i < n; i++) found |= strcmp(opts[i], "-DAL_BLOCK_MASK=1") == 0;
+    CHECK(found, "options lack -DAL_BLOCK_MASK=1");
+}
+
+/* ---- NVRTC (no GPU) ----------------------------------------------------------------------------------- */
+typedef int (*nv_create_fn)(void **, const char *, const char *, int, const char *const *, const char *const *);
+typedef int (*nv_compile_fn)(void *, int, const char *const *);
+typedef int (*nv_size_fn)(void *, size_t *);
+typedef int (*nv_get_fn)(void *, char *);
+typedef int (*nv_destroy_fn)(void **);
+static struct {
+    nv_create_fn create;
+    nv_compile_fn compile;
+    nv_size_fn log_size, cubin_size;
+    nv_get_fn log, cubin;
+    nv_destroy_fn destroy;
+} nv;
+
+static void *open_nvrtc(void) {
+    const char *cands[5];
+    int nc = 0;
+    const char *e = getenv("ATTNLAB_NVRTC_LIB");
+    if (e && *e) cands[nc++] = e;
+    cands[nc++] = "libnvrtc.so.13";
+    cands[nc++] = "libnvrtc.so.12";
+    cands[nc++] = "libnvrtc.so";
+    cands[nc++] = "/usr/local/cuda/lib64/libnvrtc.so";
+    for (int i = 0; i < nc; i++) {
+        void *h = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+    }
+    return NULL;
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    if (b) b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* The hand-written variant the NVRTC test compiles: soft-capping at 15 plus a relative-position bias
+ * (capture 1, f32 [h, 1023]) with its gradient, and a document mask (capture 0, i32 [b, 512]). */
+#define NV_SCORE "15.0f * tanhf(score * (1.0f / 15.0f)) + ((const float *)AL_CAP(1))[h * 1023 + (kv_idx - q_idx + 511)]"
+#define NV_GRAD "grad * (1.0f - tanhf(score * (1.0f / 15.0f)) * tanhf(score * (1.0f / 15.0f)))"
+#define NV_MASK "((const int *)AL_CAP(0))[b * 512 + q_idx] == ((const int *)AL_CAP(0))[b * 512 + kv_idx]"
+#define NV_CAPG "atomicAdd(AL_CAP_GRAD(1) + h * 1023 + (kv_idx - q_idx + 511), grad)"
+#define NV_PRELUDE "static __device__ __forceinline__ float al_test_unused(float x) { return x; }"
+
+typedef struct nv_job {
+    al_flash_spec spec;
+    int ok, names_found;
+    double ms;
+    char msg[2048];
+} nv_job;
+
+static void nv_compile_job(nv_job *j, const char *kdir) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", kdir, al_flash_spec_file(&j->spec));
+    char *file = slurp(path);
+    char *pre = al_flash_variant_source(NV_SCORE, NV_GRAD, NV_MASK, j->spec.kind == AL_FLASH_BWD ? NV_CAPG : NULL,
+                                        NV_PRELUDE, al_flash_spec_file(&j->spec));
+    if (!file || !pre) {
+        snprintf(j->msg, sizeof j->msg, "cannot read %s", path);
+        free(file);
+        free(pre);
+        return;
+    }
+    /* exactly what nvrtc_cache.cu compiles: prefix, a newline, the file */
+    size_t lp = strlen(pre), lf = strlen(file);
+    char *src = malloc(lp + lf + 2);
+    memcpy(src, pre, lp);
+    src[lp] = '\n';
+    memcpy(src + lp + 1, file, lf + 1);
+    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], o_inc[1100];
+    int n = al_flash_spec_options(&j->spec, opts);
+    snprintf(o_inc, sizeof o_inc, "-I%s", kdir);
+    const char *all[24];
+    int na = 0;
+    all[na++] = "--gpu-architecture=sm_90a";
+    all[na++] = "-default-device";
+    all[na++] = "-std=c++17";
+    all[na++] = o_inc;
+    for (int i = 0; i < n; i++) all[na++] = opts[i];
+    void *prog = NULL;
+    double t0 = now_ms();
+    if (nv.create(&prog, src, al_flash_spec_file(&j->spec), 0, NULL, NULL) != 0) {
+        snprintf(j->msg, sizeof j->msg, "nvrtcCreateProgram failed");
+    } else {
+        int rc = nv.compile(prog, na, all);
+        j->ms = now_ms() - t0;
+        size_t ll = 0;
+        nv.log_size(prog, &ll);
+        char *log = malloc(ll + 1);
+        log[0] = 0;
+        nv.log(prog, log);
+        log[ll] = 0;
+        if (rc != 0) {
+            snprintf(j->msg, sizeof j->msg, "compile failed: %.1900s", log);
+        } else {
+            size_t cn = 0;
+            nv.cubin_size(prog, &cn);
+            char *cub = malloc(cn ? cn : 1);
+            if (cn && nv.cubin(prog, cub) == 0) {
+                j->ok = 1;
+                const char *names[4];
+                int nf = al_flash_spec_functions(&j->spec, names);
+                j->names_found = 1;
+                for (int i = 0; i < nf; i++) {
+                    size_t k = strlen(names[i]);
+                    int hit = 0;
+                    for (size_t x = 0; x + k <= cn && !hit; x++) hit = memcmp(cub + x, names[i], k) == 0;
+                    j->names_found &= hit;
+                }
+            } else {
+                snprintf(j->msg, sizeof j->msg, "no cubin");
+            }
+            free(cub);
+        }
+        free(log);
+        nv.destroy(&prog);
+    }
+    free(src);
+    free(pre);
+    free(file);
+}
+
+static void test_nvrtc_variant_kernels(void) {
+    void *h = open_nvrtc();
+    if (!h) {
+        printf("  nvrtc: libnvrtc not found (set ATTNLAB_NVRTC_LIB): NVRTC compiles skipped\n");
+        return;
+    }
+    nv.create = (nv_create_fn)dlsym(h, "nvrtcCreateProgram");
+    nv.compile = (nv_compile_fn)dlsym(h, "nvrtcCompileProgram");
+    nv.log_size = (nv_size_fn)dlsym(h, "nvrtcGetProgramLogSize");
+    nv.log = (nv_get_fn)dlsym(h, "nvrtcGetProgramLog");
+    nv.cubin_size = (nv_size_fn)dlsym(h, "nvrtcGetCUBINSize");
+    nv.cubin = (nv_get_fn)dlsym(h, "nvrtcGetCUBIN");
+    nv.destroy = (nv_destroy_fn)dlsym(h, "nvrtcDestroyProgram");
+    CHECK(nv.create && nv.compile && nv.log_size && nv.log && nv.cubin_size && nv.cubin && nv.destroy,
+          "libnvrtc lacks an entry point");
+    if (t_current_failed) return;
+    const char *kd = getenv("ATTNLAB_KERNEL_DIR");
+    const char *kdir = kd && *kd ? kd : "kernels";
+    /* fwd and bwd at d = 64 and 128 (bf16): causal + block mask; and one without a block mask */
+    nv_job jobs[5];
+    memset(jobs, 0, sizeof jobs);
+    int nj = 0;
+    for (int kind = 0; kind < 2; kind++)
+        for (int d = 64; d <= 128; d *= 2) {
+            al_flash_spec *s = &jobs[nj++].spec;
+            s->kind = kind;
+            s->d = d;
+            s->bf16 = 1;
+            s->mask = AL_FLASH_MASK_CAUSAL;
+            al_flash_spec_set_variant(s, NV_SCORE, NV_GRAD, NV_MASK, kind ? NV_CAPG : NULL, NV_PRELUDE, 1);
+        }
+    al_flash_spec *s = &jobs[nj++].spec;
+    s->kind = AL_FLASH_FWD;
+    s->d = 64;
+    s->bf16 = 1;
+    al_flash_spec_set_variant(s, NV_SCORE, NV_GRAD, NV_MASK, NULL, NV_PRELUDE, 0);
+    double t0 = now_ms();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+    for (int i = 0; i < nj; i++) nv_compile_job(&jobs[i], kdir);
+    double total = now_ms() - t0;
+    for (int i = 0; i < nj; i++) {
+        char nm[128];
+        al_flash_spec_name(&jobs[i].spec, nm, sizeof nm);
+        CHECK(jobs[i].ok, "%s: %s", nm, jobs[i].msg);
+        CHECK(!jobs[i].ok || jobs[i].names_found, "%s: the cubin lacks a kernel name", nm);
+        if (jobs[i].ok) printf("  nvrtc: %-48s %6.0f ms\n", nm, jobs[i].ms);
+    }
+    printf("  nvrtc: %d variant compiles in %.1f s wall\n", nj, total / 1e3);
+}
+
+/* ---- GPU: flash backend against a naive oracle in double ----------------------------------------------- */
+enum { V_SOFTCAP, V_DOC, V_RELPOS, V_WINDOW };
+
+typedef struct gcase {
+    int kind;
+    int B, H, HG, S, D;      /* sq = skv = S, bshd */
+    int causal;
+    double scale;
+    double cap;              /* soft-capping */
+    int *doc;                /* [B*S] document ids */
+    double *rel;             /* [H*(2S-1)] relative-position bias */
+    int window;              /* kv in (q - window, q], and rows [64, 128) fully masked */
+} gcase;
+
+static int g_keep(const gcase *c, int b, int h, int i, int j) {
+    if (c->causal && j > i) return 0;
+    if (c->kind == V_DOC) return c->doc[b * c->S + i] == c->doc[b * c->S + j];
+    if (c->kind == V_WINDOW) return i - j < c->window && (i < 64 || i >= 128);
+    return 1;
+}
+static double g_score(const gcase *c, int b, int h, int i, int j, double s) {
+    if (c->kind == V_SOFTCAP) return c->cap * tanh(s / c->cap);
+    if (c->kind == V_RELPOS) return s + c->rel[h * (2 * c->S - 1) + (j - i + c->S - 1)];
+    return s;
+}
+static double g_dscore(const gcase *c, double s) {   /* d(new)/d(score) */
+    if (c->kind == V_SOFTCAP) { double t = tanh(s / c->cap); return 1.0 - t * t; }
+    return 1.0;
+}
+
+/* q/k/v/dout in bshd, double; out, lse, dq, dk, dv, drel computed */
+static void oracle(const gcase *c, const double *q, const double *k, const double *v, const double *dout, double *out,
+                   double *lse, double *dq, double *dk, double *dv, double *drel) {
+    const int B = c->B, H = c->H, HG = c->HG, S = c->S, D = c->D, G = H / HG;
+    double *p = malloc(sizeof(double) * (size_t)S), *sc = malloc(sizeof(double) * (size_t)S);
+    memset(dq, 0, sizeof(double) * (size_t)B * S * H * D);
+    memset(dk, 0, sizeof(double) * (size_t)B * S * HG * D);
+    memset(dv, 0, sizeof(double) * (size_t)B * S * HG * D);
+    if (drel) memset(drel, 0, sizeof(double) * (size_t)H * (2 * S - 1));
+#define QI(b, i, h, d) ((((size_t)(b) * S + (i)) * H + (h)) * D + (d))
+#define KI(b, j, h, d) ((((size_t)(b) * S + (j)) * HG + (h)) * D + (d))
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < S; i++) {
+                const int hk = h / G;
+                double m = -INFINITY;
+                for (int j = 0; j < S; j++) {
+                    double s = 0;
+                    for (int d = 0; d < D; d++) s += q[QI(b, i, h, d)] * k[KI(b, j, hk, d)];
+                    s *= c->scale;
+                    sc[j] = s;
+                    p[j] = g_keep(c, b, h, i, j) ? g_score(c, b, h, i, j, s) : -INFINITY;
+                    if (p[j] > m) m = p[j];
+                }
+                double l = 0;
+                for (int j = 0; j < S; j++) { p[j] = p[j] == -INFINITY ? 0.0 : exp(p[j] - m); l += p[j]; }
+                lse[((size_t)b * H + h) * S + i] = l > 0 ? m + log(l) : -INFINITY;
+                for (int j = 0; j < S; j++) p[j] = l > 0 ? p[j] / l : 0.0;
+                double dsum = 0;
+                for (int d = 0; d < D; d++) {
+                    double o = 0;
+                    for (int j = 0; j < S; j++) o += p[j] * v[KI(b, j, hk, d)];
+                    out[QI(b, i, h, d)] = o;
+                    dsum += o * dout[QI(b, i, h, d)];
+                }
+                for (int j = 0; j < S; j++) {
+                    if (p[j] == 0.0) continue;
+                    double dp = 0;
+                    for (int d = 0; d < D; d++) dp += dout[QI(b, i, h, d)] * v[KI(b, j, hk, d)];
+                    const double ds_new = p[j] * (dp - dsum);
+                    if (drel) drel[h * (2 * S - 1) + (j - i + S - 1)] += ds_new;
+                    const double ds = ds_new * g_dscore(c, sc[j]) * c->scale;
+                    for (int d = 0; d < D; d++) {
+                        dq[QI(b, i, h, d)] += ds * k[KI(b, j, hk, d)];
+                        dk[KI(b, j, hk, d)] += ds * q[QI(b, i, h, d)];
+                        dv[KI(b, j, hk, d)] += p[j] * dout[QI(b, i, h, d)];
+                    }
+                }
+            }
+#undef QI
+#undef KI
+    free(p);
+    free(sc);
+}
+
+/* A bf16 CUDA tensor of random normal values; vals receives them exactly (after bf16 rounding). */
+static void dev_random(al_tensor *t, int32_t ndim, const int64_t *size, double *vals, int64_t n) {
+    al_tensor f, h;
+    memset(&f, 0, sizeof f);
+    memset(&h, 0, sizeof h);
+    CHECK_OK(al_tensor_empty(&f, ndim, size, AL_DTYPE_F32, AL_DEVICE_CPU, 0));
+    CHECK_OK(al_tensor_random_(&f, AL_RANDOM_NORMAL));
+    CHECK_OK(al_tensor_to(&h, &f, AL_DTYPE_BF16, AL_DEVICE_CPU, 0));
+    CHECK_OK(al_tensor_read_f64(&h, vals, n));
+    CHECK_OK(al_tensor_to(t, &h, AL_DTYPE_BF16, AL_DEVICE_CUDA, 0));
+    al_tensor_release(&f);
+    al_tensor_release(&h);
+}
+
+/* A CUDA tensor of dtype holding vals. */
+static void dev_from(al_tensor *t, int32_t ndim, const int64_t *size, int32_t dtype, const double *vals, int64_t n) {
+    al_tensor h;
+    memset(&h, 0, sizeof h);
+    CHECK_OK(al_tensor_empty(&h, ndim, size, dtype, AL_DEVICE_CPU, 0));
+    CHECK_OK(al_tensor_write_f64(&h, vals, n));
+    CHECK_OK(al_tensor_to(t, &h, dtype, AL_DEVICE_CUDA, 0));
+    al_tensor_release(&h);
+}
+
+/* |got - want| <= tol + tol * |want| everywhere (TE's atol = rtol); -inf exactly where want has it. */
+static void close_to(const char *what, const al_tensor *t, const double *want, int64_t n, double tol) {
+    double *got = malloc(sizeof(double) * (size_t)n);
+    CHECK_OK(al_tensor_read_f64(t, got, n));
+    double worst = -1;
+    int64_t at = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (isinf(want[i])) {
+            CHECK(got[i] == want[i], "%s[%lld]: %g where the oracle has %g", what, (long long)i, got[i], want[i]);
+            continue;
+        }
+        const double e = fabs(got[i] - want[i]) - tol * fabs(want[i]);
+        if (!(e <= worst) || isnan(got[i])) { worst = isnan(got[i]) ? INFINITY : e; at = i; }
+    }
+    CHECK(worst <= tol, "%s: element %lld: gpu %.6g, oracle %.6g (beyond atol = rtol = %g)", what, (long long)at,
+          at >= 0 ? got[at] : 0.0, at >= 0 ? want[at] : 0.0, tol);
+    free(got);
+}
+
+/* max |a - b| between two tensors of one shape */
+static double diff_of(const al_tensor *a, const al_tensor *b) {
+    double r = -1;
+    CHECK_OK(al_max_abs_diff(a, b, &r));
+    return r;
+}
+
+typedef struct gres { al_tensor out, lse, dq, dk, dv, drel; } gres;
+static void gres_free(gres *r) {
+    al_tensor_release(&r->out);
+    al_tensor_release(&r->lse);
+    al_tensor_release(&r->dq);
+    al_tensor_release(&r->dk);
+    al_tensor_release(&r->dv);
+    al_tensor_release(&r->drel);
+}
+
+/* Forward + backward of one case through the flash backend (forced, so a decline is an error). */
+static void run_flash(const gcase *c, const al_attn_variant *var, const al_tensor *q, const al_tensor *k,
+                      const al_tensor *v, const al_tensor *dout, int deterministic, gres *r) {
+    memset(r, 0, sizeof *r);
+    al_attn_params p;
+    al_attn_params_init(&p);
+    p.qkv_format = AL_ATTN_FORMAT_BSHD;
+    p.mask_type = c->causal ? AL_ATTN_MASK_CAUSAL : AL_ATTN_MASK_NO_MASK;
+    p.softmax_scale = c->scale;
+    p.deterministic = deterministic;
+    snprintf(p.backend, sizeof p.backend, "flash");
+    al_attn_inputs in;
+    memset(&in, 0, sizeof in);
+    in.q = q;
+    in.k = k;
+    in.v = v;
+    in.variant = var;
+    char buf[4096];
+    p.backend[0] = 0;
+    const char *be = al_attn_explain(&p, &in, buf, sizeof buf);
+    CHECK(be && strcmp(be, "flash") == 0, "flash must serve the variant:\n%s", buf);
+    snprintf(p.backend, sizeof p.backend, "flash");
+    CHECK_OK(al_attn_forward(&p, &in, &r->out, &r->lse, NULL));
+    if (!r->out.storage) return;
+    CHECK_OK(al_tensor_empty(&r->dq, 4, q->size, AL_DTYPE_BF16, AL_DEVICE_CUDA, 0));
+    CHECK_OK(al_tensor_empty(&r->dk, 4, k->size, AL_DTYPE_BF16, AL_DEVICE_CUDA, 0));
+    CHECK_OK(al_tensor_empty(&r->dv, 4, v->size, AL_DTYPE_BF16, AL_DEVICE_CUDA, 0));
+    CHECK_OK(al_attn_backward(&p, &in, &r->out, dout, &r->lse, &r->dq, &r->dk, &r->dv, NULL, NULL));
+}
+
+static void gpu_case(gcase *c, const char *name) {
+    const int B = c->B, H = c->H, HG = c->HG, S = c->S, D = c->D;
+    const int64_t nq = (int64_t)B * S * H * D, nk = (int64_t)B * S * HG * D, nl = (int64_t)B * H * S;
+    const int64_t qs[4] = {B, S, H, D}, ks[4] = {B, S, HG, D};
+    double *q = malloc(sizeof(double) * nq), *k = malloc(sizeof(double) * nk), *v = malloc(sizeof(double) * nk);
+    double *dout = malloc(sizeof(double) * nq), *out = malloc(sizeof(double) * nq), *lse = malloc(sizeof(double) * nl);
+    double *dq = malloc(sizeof(double) * nq), *dk = malloc(sizeof(double) * nk), *dv = malloc(sizeof(double) * nk);
+    const int64_t nrel = (int64_t)H * (2 * S - 1);
+    double *drel = c->kind == V_RELPOS ? malloc(sizeof(double) * nrel) : NULL;
+    al_tensor tq, tk, tv, tdo, tcap, tcapg, tbm;
+    memset(&tcap, 0, sizeof tcap);
+    memset(&tcapg, 0, sizeof tcapg);
+    memset(&tbm, 0, sizeof tbm);
+    dev_random(&tq, 4, qs, q, nq);
+    dev_random(&tk, 4, ks, k, nk);
+    dev_random(&tv, 4, ks, v, nk);
+    dev_random(&tdo, 4, qs, dout, nq);
+
+    al_attn_variant var;
+    memset(&var, 0, sizeof var);
+    char score[256], mask[256], capg[256], sgrad[256];
+    if (c->kind == V_SOFTCAP) {
+        snprintf(score, sizeof score, "%.3ff * tanhf(score * (1.0f / %.3ff))", c->cap, c->cap);
+        snprintf(sgrad, sizeof sgrad, "grad * (1.0f - tanhf(score * (1.0f / %.3ff)) * tanhf(score * (1.0f / %.3ff)))",
+                 c->cap, c->cap);
+        var.score_mod = score;
+        var.score_grad = sgrad;
+    } else if (c->kind == V_DOC) {
+        double *ids = malloc(sizeof(double) * B * S);
+        for (int i = 0; i < B * S; i++) ids[i] = c->doc[i];
+        const int64_t ds[2] = {B, S};
+        dev_from(&tcap, 2, ds, AL_DTYPE_I32, ids, (int64_t)B * S);
+        free(ids);
+        snprintf(mask, sizeof mask, "((const int *)AL_CAP(0))[b * %d + q_idx] == ((const int *)AL_CAP(0))[b * %d + kv_idx]", S, S);
+        var.mask_mod = mask;
+        var.ncaptures = 1;
+        var.captures[0] = &tcap;
+    } else if (c->kind == V_RELPOS) {
+        const int64_t rs[2] = {H, 2 * S - 1};
+        dev_from(&tcap, 2, rs, AL_DTYPE_F32, c->rel, nrel);
+        CHECK_OK(al_tensor_empty(&tcapg, 2, rs, AL_DTYPE_F32, AL_DEVICE_CUDA, 0));
+        CHECK_OK(al_tensor_fill_(&tcapg, 0.0));
+        snprintf(score, sizeof score, "score + ((const float *)AL_CAP(0))[h * %d + (kv_idx - q_idx + %d)]", 2 * S - 1, S - 1);
+        snprintf(capg, sizeof capg, "atomicAdd(AL_CAP_GRAD(0) + h * %d + (kv_idx - q_idx + %d), grad)", 2 * S - 1, S - 1);
+        var.score_mod = score;
+        var.capture_grad = capg;
+        var.ncaptures = 1;
+        var.captures[0] = &tcap;
+        var.capture_grads[0] = &tcapg;
+    } else {
+        snprintf(mask, sizeof mask, "q_idx - kv_idx < %d && (q_idx < 64 || q_idx >= 128)", c->window);
+        var.mask_mod = mask;
+    }
+    oracle(c, q, k, v, dout, out, lse, dq, dk, dv, drel);
+
+    char what[160];
+    gres r;
+    run_flash(c, &var, &tq, &tk, &tv, &tdo, 0, &r);
+    const double tol = 1.5e-2;
+    if (r.out.storage) {
+        snprintf(what, sizeof what, "%s out", name);
+        close_to(what, &r.out, out, nq, tol);
+        snprintf(what, sizeof what, "%s lse", name);
+        close_to(what, &r.lse, lse, nl, 1e-3);
+        snprintf(what, sizeof what, "%s dq", name);
+        close_to(what, &r.dq, dq, nq, tol);
+        snprintf(what, sizeof what, "%s dk", name);
+        close_to(what, &r.dk, dk, nk, tol);
+        snprintf(what, sizeof what, "%s dv", name);
+        close_to(what, &r.dv, dv, nk, tol);
+        if (drel) {   /* sums over many elements: atol 3e-2 * the largest entry */
+            double mx = 0;
+            for (int64_t i = 0; i < nrel; i++) mx = fmax(mx, fabs(drel[i]));
+            CHECK(mx > 1e-3, "the relative-position gradient is ~0 (%g): the test would prove nothing", mx);
+            snprintf(what, sizeof what, "%s d(rel bias)", name);
+            close_to(what, &tcapg, drel, nrel, 3e-2 * (mx > 1 ? mx : 1));
+        }
+    }
+
+    if (c->kind == V_WINDOW) {
+        /* the block mask of mask_mod at 64 x 64 (0 empty, 1 partial, 2 full), b and h broadcast */
+        const int NB = (S + 63) / 64;
+        double *bmv = malloc(sizeof(double) * NB * NB);
+        int counts[3] = {0, 0, 0};
+        for (int mb = 0; mb < NB; mb++)
+            for (int nb = 0; nb < NB; nb++) {
+                int kept = 0, total = 0;
+                for (int i = mb * 64; i < S && i < mb * 64 + 64; i++)
+                    for (int j = nb * 64; j < S && j < nb * 64 + 64; j++) {
+                        kept += i - j < c->window && (i < 64 || i >= 128);
+                        total++;
+                    }
+                int val = kept == 0 ? 0 : kept == total ? 2 : 1;
+                bmv[mb * NB + nb] = val;
+                counts[val]++;
+            }
+        CHECK(counts[0] > 0 && counts[1] > 0 && counts[2] > 0, "the block mask should have every kind of block: %d %d %d",
+              counts[0], counts[1], counts[2]);
+        const int64_t bs[4] = {1, 1, NB, NB};
+        dev_from(&tbm, 4, bs, AL_DTYPE_U8, bmv, (int64_t)NB * NB);
+        free(bmv);
+        al_attn_variant vb = var;
+        vb.block_mask = &tbm;
+        vb.block_m = 64;
+        vb.block_n = 64;
+        gres rb, rd;
+        run_flash(c, &vb, &tq, &tk, &tv, &tdo, 1, &rb);
+        run_flash(c, &var, &tq, &tk, &tv, &tdo, 1, &rd);
+        if (rb.out.storage && rd.out.storage && rb.dq.storage && rd.dq.storage) {
+            snprintf(what, sizeof what, "%s+blockmask out", name);
+            close_to(what, &rb.out, out, nq, tol);
+            snprintf(what, sizeof what, "%s+blockmask lse", name);
+            close_to(what, &rb.lse, lse, nl, 1e-3);
+            snprintf(what, sizeof what, "%s+blockmask dq", name);
+            close_to(what, &rb.dq, dq, nq, tol);
+            snprintf(what, sizeof what, "%s+blockmask dk", name);
+            close_to(what, &rb.dk, dk, nk, tol);
+            snprintf(what, sizeof what, "%s+blockmask dv", name);
+            close_to(what, &rb.dv, dv, nk, tol);
+            /* skipped tiles contribute exact zeros and full blocks keep what mask_mod keeps: bit-identical
+             * (deterministic backward: dQ sums in a fixed order) */
+            CHECK(diff_of(&rb.out, &rd.out) == 0.0, "block mask changes out by %g", diff_of(&rb.out, &rd.out));
+            CHECK(diff_of(&rb.dq, &rd.dq) == 0.0, "block mask changes dq by %g", diff_of(&rb.dq, &rd.dq));
+            CHECK(diff_of(&rb.dk, &rd.dk) == 0.0, "block mask changes dk by %g", diff_of(&rb.dk, &rd.dk));
+            CHECK(diff_of(&rb.dv, &rd.dv) == 0.0, "block mask changes dv by %g", diff_of(&rb.dv, &rd.dv));
+            /* the skipped rows [64, 128): O = 0 and LSE = -inf */
+            double *o = malloc(sizeof(double) * nq), *l = malloc(sizeof(double) * nl);
+            CHECK_OK(al_tensor_read_f64(&rb.out, o, nq));
+            CHECK_OK(al_tensor_read_f64(&rb.lse, l, nl));
+            int bad = 0;
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < H; h++)
+                    for (int i = 64; i < 128; i++) {
+                        bad += l[((size_t)b * H + h) * S + i] != -INFINITY;
+                        for (int d = 0; d < D; d++) bad += o[(((size_t)b * S + i) * H + h) * D + d] != 0.0;
+                    }
+            CHECK(bad == 0, "%d values of the fully skipped rows are not O = 0 / LSE = -inf", bad);
+            free(o);
+            free(l);
+        }
+        gres_free(&rb);
+        gres_free(&rd);
+    }
+    gres_free(&r);
+    al_tensor *ts[] = {&tq, &tk, &tv, &tdo, &tcap, &tcapg, &tbm};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) al_tensor_release(ts[i]);
+    free(q); free(k); free(v); free(dout); free(out); free(lse); free(dq); free(dk); free(dv); free(drel);
+}
+
+static void test_gpu_softcap(void) {
+    gcase c = {V_SOFTCAP, 2, 4, 2, 200, 64, 1, 0.125, 1.5, NULL, NULL, 0};
+    gpu_case(&c, "softcap+causal d64");
+}
+
+static void test_gpu_document_mask(void) {
+    gcase c = {V_DOC, 2, 4, 4, 200, 64, 0, 0.125, 0, NULL, NULL, 0};
+    c.doc = malloc(sizeof(int) * c.B * c.S);
+    srand(7);
+    for (int b = 0; b < c.B; b++) {
+        int id = 0;
+        for (int i = 0; i < c.S; i++) {
+            if (i > 0 && rand() % 37 == 0) id++;
+            c.doc[b * c.S + i] = id + 10 * b;
+        }
+    }
+    gpu_case(&c, "document mask d64");
+    free(c.doc);
+}
+
+static void test_gpu_relpos_bias(void) {
+    gcase c = {V_RELPOS, 2, 4, 2, 200, 128, 0, 1.0 / sqrt(128.0), 0, NULL, NULL, 0};
+    c.rel = malloc(sizeof(double) * c.H * (2 * c.S - 1));
+    srand(11);
+    for (int i = 0; i < c.H * (2 * c.S - 1); i++) c.rel[i] = (double)(float)((rand() % 2001 - 1000) / 1000.0);
+    gpu_case(&c, "relpos bias d128 gqa");
+    free(c.rel);
+}
+
+static void test_gpu_sliding_window_block_mask(void) {
+    gcase c = {V_WINDOW, 2, 2, 2, 300, 64, 1, 0.125, 0, NULL, NULL, 100};
+    gpu_case(&c, "sliding window d64");
+}
+
+int main(void) {
+    RUN(test_validation);
+    RUN(test_backend_choice);
+    RUN(test_variant_source);
+    RUN(test_nvrtc_variant_kernels);
+    if (al_cuda_device_count() <= 0) {
+        al_clear_error();
+        printf("c-test flash_variant: GPU checks skipped: no GPU\n");
+        printf("c-test flash_variant: %d passed, %d failed, 4 skipped (no GPU)\n", t_passed, t_failed);
+        return t_failed ? 1 : 0;
+    }
+    RUN(test_gpu_softcap);
+    RUN(test_gpu_document_mask);
+    RUN(test_gpu_relpos_bias);
+    RUN(test_gpu_sliding_window_block_mask);
+    return SUMMARY("flash_variant");
+}
