@@ -106,6 +106,17 @@ al_dnn al_dnn_scalar(al_dnn_graph *g, int64_t uid, cudnnDataType_t dt) {
     return al_dnn_tensor(g, uid, dt, one, one, 0, 1, NULL);
 }
 
+al_dnn al_dnn_scalar_dev(al_dnn_graph *g, int64_t uid, cudnnDataType_t dt) {
+    static const int64_t one[4] = {1, 1, 1, 1};
+    return al_dnn_tensor(g, uid, dt, one, one, 0, 0, NULL);
+}
+
+cudnnDataType_t al_dnn_fp8_type(int32_t dtype) {
+    if (dtype == AL_DTYPE_FP8_E4M3) return CUDNN_DATA_FP8_E4M3;
+    if (dtype == AL_DTYPE_FP8_E5M2) return CUDNN_DATA_FP8_E5M2;
+    return CUDNN_DATA_FLOAT;
+}
+
 /* ---- operations -------------------------------------------------------------------------------- */
 void al_dnn_pointwise(al_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec, al_dnn x, al_dnn b, al_dnn t,
                       al_dnn y, int64_t axis) {
@@ -158,6 +169,12 @@ void al_dnn_reduction(al_dnn_graph *g, cudnnReduceTensorOp_t op, al_dnn x, al_dn
     setd(g, o, CUDNN_ATTR_OPERATION_REDUCTION_DESC, r, "reduction descriptor");
     fin(g, o, "finalize reduction operation");
     add_op(g, o);
+}
+
+al_dnn al_dnn_amax(al_dnn_graph *g, al_dnn x, int64_t uid) {
+    al_dnn y = al_dnn_scalar_dev(g, uid, CUDNN_DATA_FLOAT);
+    al_dnn_reduction(g, CUDNN_REDUCE_TENSOR_AMAX, x, y);
+    return y;
 }
 
 void al_dnn_reshape(al_dnn_graph *g, al_dnn x, al_dnn y) {

@@ -47,6 +47,10 @@ AL_CU_HIDDEN al_dnn al_dnn_tensor(al_dnn_graph *g, int64_t uid, cudnnDataType_t 
 AL_CU_HIDDEN al_dnn al_dnn_virtual(al_dnn_graph *g, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4]);
 /* A by-value [1,1,1,1] scalar (float or int32). */
 AL_CU_HIDDEN al_dnn al_dnn_scalar(al_dnn_graph *g, int64_t uid, cudnnDataType_t dt);
+/* A [1,1,1,1] tensor in device memory (FP8 scales, descales and amaxes: fp32, as TE passes them). */
+AL_CU_HIDDEN al_dnn al_dnn_scalar_dev(al_dnn_graph *g, int64_t uid, cudnnDataType_t dt);
+/* cuDNN's data type of an attnlab FP8 dtype (AL_DTYPE_FP8_E4M3 / E5M2); CUDNN_DATA_FLOAT otherwise. */
+AL_CU_HIDDEN cudnnDataType_t al_dnn_fp8_type(int32_t dtype);
 
 /* Operations (each appended to g->ops). Optional inputs are NULL. axis is used by GEN_INDEX only. */
 AL_CU_HIDDEN void al_dnn_pointwise(al_dnn_graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec, al_dnn x,
@@ -54,6 +58,8 @@ AL_CU_HIDDEN void al_dnn_pointwise(al_dnn_graph *g, cudnnPointwiseMode_t mode, c
 AL_CU_HIDDEN void al_dnn_matmul(al_dnn_graph *g, al_dnn a, al_dnn b, al_dnn c, al_dnn m_override,
                                 al_dnn n_override, al_dnn k_override);
 AL_CU_HIDDEN void al_dnn_reduction(al_dnn_graph *g, cudnnReduceTensorOp_t op, al_dnn x, al_dnn y);
+/* max |x| over the whole tensor into a new fp32 [1,1,1,1] device tensor with the given uid (FP8 amax). */
+AL_CU_HIDDEN al_dnn al_dnn_amax(al_dnn_graph *g, al_dnn x, int64_t uid);
 AL_CU_HIDDEN void al_dnn_reshape(al_dnn_graph *g, al_dnn x, al_dnn y);
 /* Bernoulli(prob) RNG into y, seeded by the int64 [1,1,1,1] tensors seed and offset. */
 AL_CU_HIDDEN void al_dnn_rng(al_dnn_graph *g, al_dnn seed, al_dnn offset, al_dnn y, double prob);

@@ -1,0 +1,158 @@
+-- bench/fp8_attention.lua — FP8 fused attention (cuDNN's FP8 SDPA, src/cuda/attn_fused_fp8.cu) against
+-- bf16 fused attention in the same run, TFLOP/s and the FP8 / bf16 ratio (target: FP8 forward >= 1.4x
+-- the bf16 forward; cuDNN publishes ~1000 vs ~690 TFLOP/s on H200).
+--
+-- Shapes (b,h,s,d): (4,16,4096,128) (2,16,8192,128) (1,16,16384,128), bshd, no mask and causal.
+-- Rows:
+--   bf16      al.attention.forward / backward with bf16 q, k, v (fused backend)
+--   fp8 call  the C call al_attn_forward / al_attn_backward on already-quantised FP8 q, k, v with a
+--             DelayedScaling recipe's settings: the cuDNN graph plus what the call's contract adds
+--             (scale upload, amax read-back = one stream sync, O dequantised to bf16; backward: O and
+--             dO quantised, dQ/dK/dV dequantised)
+--   fp8 e2e   al.attention.forward / backward with fp8_recipe (adds the recipe: amax of q/k/v and
+--             their quantisation on every call, the Lua bookkeeping)
+-- FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x forward. Timing: al.cuda.Event
+-- around N calls after warm-up. With ATTNLAB_BENCH_OUT=/path the rows are appended as JSON lines.
+-- Without a usable GPU (or below sm_90) the bench says so and exits 0.
+-- Usage: luajit bench/fp8_attention.lua [--quick]
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local al = require "attnlab"
+local ffi = require "ffi"
+local T = require "attnlab.tensor"
+local C = require("attnlab.ffi").C
+
+if not al.cuda.available() then
+  local _, why = al.cuda.available()
+  print("fp8_attention: skipped, no usable GPU" .. (why and (" (" .. tostring(why) .. ")") or ""))
+  os.exit(0)
+end
+local info = al.cuda.device_info(0)
+if info.capability[1] < 9 then
+  print(string.format("fp8_attention: skipped, cuDNN's FP8 SDPA needs sm_90+, this is sm_%d%d", info.capability[1],
+    info.capability[2]))
+  os.exit(0)
+end
+
+local quick = arg and arg[1] == "--quick"
+local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
+local out_path = os.getenv("ATTNLAB_BENCH_OUT")
+local jf = out_path and assert(io.open(out_path, "a"))
+local function emit(rec)
+  if not jf then return end
+  local parts = {}
+  for k, v in pairs(rec) do
+    local s = type(v) == "number" and string.format("%.6g", v) or string.format("%q", tostring(v))
+    parts[#parts + 1] = string.format("%q: %s", k, s)
+  end
+  table.sort(parts)
+  jf:write("{" .. table.concat(parts, ", ") .. ', "source": "attnlab"}\n')
+  jf:flush()
+end
+
+local function gpu_time(fn)
+  for _ = 1, WARMUP do fn() end
+  al.cuda.synchronize()
+  local e0, e1 = al.cuda.Event(), al.cuda.Event()
+  e0:record()
+  for _ = 1, ITERS do fn() end
+  e1:record()
+  e1:synchronize()
+  return e0:elapsed_time(e1) / ITERS
+end
+
+local cudnn = "?"
+do
+  local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
+  if ok then
+    pcall(ffi.cdef, "int64_t al_fused_info(char *buf, int64_t n);")
+    local buf = ffi.new("char[256]")
+    if pcall(function() lib.al_fused_info(buf, 256) end) then cudnn = ffi.string(buf) end
+  end
+end
+print(string.format("fp8_attention on %s (sm_%d%d), %s; %d iterations after %d warm-up", info.name, info.capability[1],
+  info.capability[2], cudnn, ITERS, WARMUP))
+
+local SHAPES = { { 4, 16, 4096, 128 }, { 2, 16, 8192, 128 }, { 1, 16, 16384, 128 } }
+if quick then SHAPES = { { 4, 16, 4096, 128 } } end
+
+print(string.format("%-18s %-7s %-9s %9s %9s %9s %9s  %s", "shape (b,h,s,d)", "mask", "path", "fwd ms", "fwd TF/s",
+  "bwd ms", "bwd TF/s", "FP8/bf16 fwd, bwd"))
+
+local function row(shape, mask, path, tf, tb, flops, base)
+  local ftf = flops / (tf * 1e-3) / 1e12
+  local btf = tb and 2.5 * flops / (tb * 1e-3) / 1e12 or nil
+  local ratio = ""
+  if base then
+    ratio = string.format("%.2fx", ftf / base.f)
+    if btf and base.b then ratio = ratio .. string.format(", %.2fx", btf / base.b) end
+    if path == "fp8 call" then ratio = ratio .. (ftf / base.f >= 1.4 and "  (>= 1.4x target met)" or "  (below the 1.4x target)") end
+  end
+  print(string.format("%-18s %-7s %-9s %9.3f %9.1f %9s %9s  %s", shape, mask, path, tf, ftf, tb and string.format("%.3f", tb) or "-",
+    btf and string.format("%.1f", btf) or "-", ratio))
+  return { f = ftf, b = btf }
+end
+
+al.manual_seed(4321)
+for _, sh in ipairs(SHAPES) do
+  local b, h, s, d = sh[1], sh[2], sh[3], sh[4]
+  local name = string.format("%d,%d,%d,%d", b, h, s, d)
+  local opts = { dtype = "bf16", device = "cuda" }
+  local q, k, v = al.randn({ b, s, h, d }, opts), al.randn({ b, s, h, d }, opts), al.randn({ b, s, h, d }, opts)
+  local dout = al.randn({ b, s, h * d }, opts)
+  for _, mask in ipairs({ "no_mask", "causal" }) do
+    local flops = 4 * b * h * s * s * d * (mask == "causal" and 0.5 or 1)
+    local args = { query_layer = q, key_layer = k, value_layer = v, qkv_format = "bshd", attn_mask_type = mask,
+      backend = "fused" }
+    local base
+    local ok, err = pcall(function()
+      local ctx
+      local tf = gpu_time(function() local _; _, ctx = al.attention.forward(args) end)
+      local tb = gpu_time(function() al.attention.backward(ctx, dout) end)
+      base = row(name, mask, "bf16", tf, tb, flops)
+      emit({ kind = "fp8_attention", path = "bf16", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = tf, bwd_ms = tb })
+    end)
+    if not ok then print(string.format("%-18s %-7s %-9s failed: %s", name, mask, "bf16", tostring(err):sub(1, 160))) end
+    collectgarbage()
+
+    -- FP8: one recipe step sets the scales and gives the FP8 inputs and the al_attn_fp8 settings
+    local r = al.fp8.DelayedScaling{ amax_history_len = 16 }
+    local a8 = {}
+    for kk, vv in pairs(args) do a8[kk] = vv end
+    a8.fp8_recipe = r
+    ok, err = pcall(function()
+      local _, ctx8 = al.attention.forward(a8)
+      al.attention.backward(ctx8, dout)
+      _, ctx8 = al.attention.forward(a8)      -- step 2: delayed scales from step 1's amaxes
+      local p, inp = ctx8.params, ctx8.inputs
+      local last_out, last_lse
+      local tf = gpu_time(function()
+        local o, l = T.new(), T.new()
+        T.check(C.al_attn_forward(p, inp, o.raw, l.raw, nil), "al_attn_forward")
+        last_out, last_lse = o, l
+      end)
+      -- the backward needs the d=128 (Hopper) FP8 graph; timed on the C call with the forward's out/lse
+      local dq, dk, dv = al.empty({ b, s, h, d }, opts), al.empty({ b, s, h, d }, opts), al.empty({ b, s, h, d }, opts)
+      local d4 = dout:view({ b, s, h, d })
+      local bok, tb = pcall(gpu_time, function()
+        local db, dso = T.new(), T.new()
+        T.check(C.al_attn_backward(p, inp, last_out.raw, d4.raw, last_lse.raw, dq.raw, dk.raw, dv.raw, db.raw, dso.raw),
+          "al_attn_backward")
+      end)
+      if not bok then print("  fp8 backward failed: " .. tostring(tb):sub(1, 200)); tb = nil end
+      row(name, mask, "fp8 call", tf, tb, flops, base)
+      emit({ kind = "fp8_attention", path = "fp8_call", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = tf, bwd_ms = tb or -1 })
+      local ctxe
+      local te = gpu_time(function() local _; _, ctxe = al.attention.forward(a8) end)
+      local tbe = gpu_time(function() al.attention.backward(ctxe, dout) end)
+      row(name, mask, "fp8 e2e", te, tbe, flops, base)
+      emit({ kind = "fp8_attention", path = "fp8_e2e", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = te, bwd_ms = tbe })
+    end)
+    if not ok then print(string.format("%-18s %-7s %-9s failed: %s", name, mask, "fp8", tostring(err):gsub("\n", " "):sub(1, 200))) end
+    collectgarbage()
+    al.cuda.empty_cache()
+  end
+  q, k, v, dout = nil, nil, nil, nil
+  collectgarbage()
+  al.cuda.empty_cache()
+end
+if jf then jf:close() end

@@ -1,0 +1,800 @@
+/*
+ * cuda/attn_fused_fp8.cu — the fused backend's FP8 attention: cuDNN's FP8 SDPA forward and backward
+ * as composite operation graphs of the plain-C backend API (cudnn_graph.h), with their plan cache.
+ * attn_fused.cu routes every plan that carries al_attn_fp8 settings here.
+ *
+ * The contract is the CPU emulation's (src/cpu/attention_fwd.c, attention_bwd.c: the oracle), slot
+ * by slot, so a recipe sees the same scales and amaxes whichever backend ran:
+ *   q, k, v   FP8 codes (fwd_format) read as code * qkv_scale_inv (one descale each)
+ *   S         P = softmax, quantised with scale[S] before P.V; amax[S] = max P
+ *   O         FP8 with scale[O] (given), or current scaling (scale[O] = 0): cuDNN on Hopper writes O
+ *             only in FP8, so the O amax is measured by a first run and the graph runs again with
+ *             fp8_max / amax / 2^margin (two runs; TE runs current scaling fused only on Blackwell,
+ *             where O may be bf16). The caller gets O dequantised into fp8.out_dtype (a separate
+ *             pass after the graph); amax[O] is the pre-quantisation O.
+ *   dO        the float dout quantised with scale[DO] (given, or current from its amax) before the run
+ *   dP        the emulation quantises the score gradient dS = P (dP - D) and then multiplies by the
+ *             softmax scale; cuDNN's graph multiplies first and quantises after. The graph is fed
+ *             scale_dP' = scale[DP] / softmax_scale (descale_dP' = softmax_scale / scale[DP]), which
+ *             gives the same FP8 codes and dQ/dK, and amax[DP] = cuDNN's amax / softmax_scale.
+ *   dQKV      one scale over dq, dk, dv (given, or current: two runs as for O); dequantised into the
+ *             caller's gradient tensors (any strides: packed gradient buffers work).
+ *   O (bwd)   the forward's float out re-quantised with the scale the forward used
+ *             (fp8.scale_used[O]; else scale[O]; else current), which restores its codes.
+ *
+ * Graphs (cudnn-frontend's SDPA FP8 nodes; S = [b,h,sq,skv] fp32 virtual, row = [b,h,sq,1]):
+ *   forward   matmul(Q, K^T) -> *attn_scale -> *descale_Q -> *descale_K -> [causal: GEN_INDEX row/col,
+ *             CMP_GE, select -inf] -> softmax (max, sub, exp, sum, log, add -> Stats, div) = P ->
+ *             amax -> Amax_S; P * scale_S (FP8 virtual) -> matmul(., V) -> *descale_S -> *descale_V
+ *             -> amax -> Amax_O; -> *scale_O -> O (FP8)
+ *   backward  dO*O -> sum -> *descale_dO -> *descale_O = D; matmul(Q, K^T) -> *attn_scale ->
+ *             *descale_Q -> *descale_K -> [causal] -> -Stats -> exp = E; E * scale_S (FP8) -> reshape
+ *             ^T -> matmul(., dO) [GQA: head-group sum] -> *descale_S -> *descale_dO -> Amax_dV;
+ *             *scale_dV -> dV; matmul(dO, V^T) -> *descale_dO -> *descale_V -> -D -> *E ->
+ *             *attn_scale -> Amax_dP; *scale_dP (FP8) = dP8; reshape K^T -> K; matmul(dP8, K) ->
+ *             *descale_dP -> *descale_K -> Amax_dQ; *scale_dQ -> dQ; reshape dP8^T -> matmul(., Q)
+ *             [GQA] -> *descale_dP -> *descale_Q -> Amax_dK; *scale_dK -> dK
+ * The scales, descales and amaxes are fp32 [1,1,1,1] tensors in device memory (one small block per
+ * call, each at a 16-byte boundary); the softmax scale and -inf are by-value scalars.
+ *
+ * What is served (supports() gives the reason otherwise): sm_90+, cuDNN >= 9.10.2, FP8 q/k/v of one
+ * format with one descale (no per-token descales), d_qk = d_v, d % 16 == 0, d <= 256 (backward:
+ * d = 128 on Hopper, <= 128 on Blackwell), bshd/sbhd with any 16-byte aligned strides (packed
+ * qkv_layer / kv_layer views as they are), no_mask or causal (top-left; bottom-right only where it
+ * coincides with top-left), GQA/MQA, no bias/ALiBi/dropout/sink/padding/window/max_logit, S scale
+ * given, O given or current per tensor.
+ *
+ * Plan cache: FZ8_CACHE_CAP entries (least recently used evicted) keyed by cuDNN version, device,
+ * direction, formats, extents, all strides and the causal flag; a refused graph is cached with its
+ * reason. Scales and pointers are not in the key.
+ */
+#include "cuda/attn_fused_fp8.h"
+#include "cuda/cudnn_graph.h"
+#include "numeric/fp8_scale.h"
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum uid8 {
+    U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEG_INF, U_DO, U_DQ, U_DK, U_DV,
+    /* fp32 [1,1,1,1] device scalars, U_SC0 + i */
+    U_SC0 = 20,
+    U_DESC_Q = U_SC0, U_DESC_K, U_DESC_V, U_DESC_S, U_SCALE_S, U_SCALE_O, U_AMAX_S, U_AMAX_O,
+    U_DESC_O, U_DESC_DO, U_DESC_DP, U_SCALE_DP, U_SCALE_DQ, U_SCALE_DK, U_SCALE_DV,
+    U_AMAX_DP, U_AMAX_DQ, U_AMAX_DK, U_AMAX_DV,
+    U_SC_END,
+    U_COUNT = 48
+};
+#define NSC (U_SC_END - U_SC0)
+#define SC_SLOT 16              /* bytes per device scalar: cuDNN tensors are declared 16-byte aligned */
+
+enum { R_Q, R_K, R_V, R_O, R_DO, R_DQ, R_DK, R_DV, NROLE };
+static const char *role_name[NROLE] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
+
+#define FZ8_CACHE_CAP 32
+#define FZ8_MIN_VERSION 91002
+
+typedef struct f8_key {
+    int64_t version, device, backward, fmt, bfmt;
+    int64_t b, h, hg, sq, skv, d;
+    int64_t str[NROLE][4];      /* logical [b,h,s,d] strides; 0 for roles not in the graph */
+    int64_t causal;
+} f8_key;
+
+typedef struct f8_entry {
+    f8_key key;
+    uint64_t hash, last_used;
+    int used;
+    al_dnn plan;                /* NULL: cuDNN refused the graph (reason says why) */
+    int64_t ws;
+    int64_t uids[AL_DNN_MAX_UIDS];
+    int nuids;
+    char reason[240];
+} f8_entry;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static f8_entry g_cache[FZ8_CACHE_CAP];
+static uint64_t g_tick;
+static cudnnHandle_t g_handle[AL_CU_MAX_DEVICES];
+static int g_cc[AL_CU_MAX_DEVICES];
+static int64_t g_builds;
+
+int64_t al_fz8_builds(void) {
+    pthread_mutex_lock(&g_lock);
+    int64_t n = g_builds;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+static int is_fp8(int32_t dt) { return dt == AL_DTYPE_FP8_E4M3 || dt == AL_DTYPE_FP8_E5M2; }
+
+static uint64_t hash_key(const f8_key *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+static void version_str(size_t v, char *buf, size_t n) {
+    snprintf(buf, n, "%zu.%zu.%zu", v / 10000, (v % 10000) / 100, v % 100);
+}
+
+/* The per-device handle of this path, bound to the calling thread's current stream. g_lock held. */
+static al_status get_handle(int32_t dev, cudnnHandle_t *out, cudaStream_t *stream) {
+    AL_TRY(al_cu_begin("attention (fused, fp8)", dev, stream));
+    if (!g_handle[dev]) {
+        cudnnHandle_t h;
+        AL_DNN_TRY(cudnnCreate(&h), "create handle");
+        g_handle[dev] = h;
+    }
+    AL_DNN_TRY(cudnnSetStream(g_handle[dev], *stream), "set stream");
+    *out = g_handle[dev];
+    return AL_OK;
+}
+
+static int cc_major(int32_t dev) {
+    if (!g_cc[dev]) {
+        int v = 0;
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            v = 0;
+        }
+        g_cc[dev] = v;
+    }
+    return g_cc[dev];
+}
+
+/* ---- geometry --------------------------------------------------------------------------------- */
+/* Logical [b,h,s,d] strides of a 4-d bshd/sbhd tensor. */
+static void bhsd_strides(int32_t fmt, const al_tensor *t, int64_t out[4]) {
+    if (fmt == AL_ATTN_FORMAT_SBHD) {
+        out[0] = t->stride[1]; out[1] = t->stride[2]; out[2] = t->stride[0]; out[3] = t->stride[3];
+    } else {
+        out[0] = t->stride[0]; out[1] = t->stride[2]; out[2] = t->stride[1]; out[3] = t->stride[3];
+    }
+}
+
+static void *elem_ptr(const al_tensor *t) {
+    return (char *)t->data + t->offset * al_dtype_size(t->dtype);
+}
+
+/* Why cuDNN cannot take this tensor as it is (NULL when it can). */
+static const char *layout_problem(const al_tensor *t, char *buf, size_t n) {
+    int64_t es = al_dtype_size(t->dtype);
+    int nd = t->ndim;
+    if (t->size[nd - 1] > 1 && t->stride[nd - 1] != 1) {
+        snprintf(buf, n, "head-dim stride is %lld, cuDNN needs 1", (long long)t->stride[nd - 1]);
+        return buf;
+    }
+    for (int d = 0; d < nd - 1; d++) {
+        if (t->size[d] > 1 && t->stride[d] == 0) {
+            snprintf(buf, n, "dim %d is broadcast (stride 0), which cuDNN rejects", d + 1);
+            return buf;
+        }
+        if (t->size[d] > 1 && (t->stride[d] * es) % 16 != 0) {
+            snprintf(buf, n, "stride %lld of dim %d is not a multiple of 16 bytes", (long long)t->stride[d], d + 1);
+            return buf;
+        }
+    }
+    if (((uintptr_t)elem_ptr(t)) % 16 != 0) {
+        snprintf(buf, n, "its first element is not 16-byte aligned (offset %lld elements)", (long long)t->offset);
+        return buf;
+    }
+    return NULL;
+}
+
+static void key_build(f8_key *k, const al_attn_plan *pl, int backward, const al_tensor *const t[NROLE]) {
+    const al_attn_params *p = &pl->p;
+    memset(k, 0, sizeof *k);
+    k->version = (int64_t)cudnnGetVersion();
+    k->device = pl->in.q->device_index;
+    k->backward = backward;
+    k->fmt = pl->in.q->dtype;
+    k->bfmt = backward ? pl->in.fp8->bwd_format : 0;
+    k->b = p->b; k->h = p->h; k->hg = p->hg; k->sq = p->sq; k->skv = p->skv; k->d = p->d_qk;
+    for (int r = 0; r < NROLE; r++)
+        if (t[r]) bhsd_strides(p->qkv_format, t[r], k->str[r]);
+    k->causal = p->window_right == 0;
+}
+
+/* ---- graph building ----------------------------------------------------------------------------- */
+static const cudnnDataType_t F32 = CUDNN_DATA_FLOAT, I32 = CUDNN_DATA_INT32, BOOL_ = CUDNN_DATA_BOOLEAN;
+
+typedef struct f8_gb {
+    al_dnn_graph *g;
+    const f8_key *k;
+    al_dnn sc, ni;              /* softmax scale, -inf (by value) */
+    al_dnn dev[NSC];            /* device scalars, created on first use */
+    int64_t sdim[4], sstr[4], rdim[4], rstr[4];
+} f8_gb;
+
+static void gb_init(f8_gb *b, al_dnn_graph *g, const f8_key *k) {
+    memset(b, 0, sizeof *b);
+    b->g = g;
+    b->k = k;
+    int64_t sd[4] = {k->b, k->h, k->sq, k->skv}, ss[4] = {k->h * k->sq * k->skv, k->sq * k->skv, k->skv, 1};
+    int64_t rd[4] = {k->b, k->h, k->sq, 1}, rs[4] = {k->h * k->sq, k->sq, 1, 1};
+    memcpy(b->sdim, sd, sizeof sd); memcpy(b->sstr, ss, sizeof ss);
+    memcpy(b->rdim, rd, sizeof rd); memcpy(b->rstr, rs, sizeof rs);
+    b->sc = al_dnn_scalar(g, U_SCALE, F32);
+    b->ni = k->causal ? al_dnn_scalar(g, U_NEG_INF, F32) : NULL;
+}
+
+static al_dnn dsc(f8_gb *b, int64_t uid) {
+    int i = (int)(uid - U_SC0);
+    if (!b->dev[i]) b->dev[i] = al_dnn_scalar_dev(b->g, uid, F32);
+    return b->dev[i];
+}
+static al_dnn vs(f8_gb *b, cudnnDataType_t dt) { return al_dnn_virtual(b->g, dt, b->sdim, b->sstr); }
+static al_dnn vr(f8_gb *b) { return al_dnn_virtual(b->g, F32, b->rdim, b->rstr); }
+/* a virtual [b, hh, s, d] fp32 tensor, dense */
+static al_dnn vm(f8_gb *b, int64_t hh, int64_t s, int64_t d) {
+    const int64_t dim[4] = {b->k->b, hh, s, d}, str[4] = {hh * s * d, s * d, d, 1};
+    return al_dnn_virtual(b->g, F32, dim, str);
+}
+
+static al_dnn pw2(f8_gb *b, cudnnPointwiseMode_t m, cudnnDataType_t prec, al_dnn x, al_dnn y, al_dnn out) {
+    al_dnn_pointwise(b->g, m, prec, x, y, NULL, out, 0);
+    return out;
+}
+/* x * the device scalar uid, into out (a new fp32 virtual shaped like proto when out is NULL) */
+static al_dnn mul_sc(f8_gb *b, al_dnn x, int64_t uid, al_dnn out) {
+    return pw2(b, CUDNN_POINTWISE_MUL, F32, x, dsc(b, uid), out);
+}
+
+static al_dnn io_tensor(f8_gb *b, int role, int64_t uid, cudnnDataType_t dt, const int64_t dim[4], int transposed) {
+    int64_t d[4] = {dim[0], dim[1], dim[2], dim[3]}, s[4];
+    memcpy(s, b->k->str[role], sizeof s);
+    if (transposed) {
+        int64_t t = d[2]; d[2] = d[3]; d[3] = t;
+        t = s[2]; s[2] = s[3]; s[3] = t;
+    }
+    return al_dnn_tensor(b->g, uid, dt, d, s, 0, 0, NULL);
+}
+
+/* causal (top-left, right bound 0): keep row >= col, else -inf (the frontend's composite band) */
+static al_dnn causal_mask(f8_gb *b, al_dnn s) {
+    al_dnn row = vs(b, I32), col = vs(b, I32);
+    al_dnn_pointwise(b->g, CUDNN_POINTWISE_GEN_INDEX, F32, s, NULL, NULL, row, 2);
+    al_dnn_pointwise(b->g, CUDNN_POINTWISE_GEN_INDEX, F32, s, NULL, NULL, col, 3);
+    al_dnn keep = pw2(b, CUDNN_POINTWISE_CMP_GE, BOOL_, row, col, vs(b, BOOL_));
+    al_dnn o = vs(b, F32);
+    al_dnn_pointwise(b->g, CUDNN_POINTWISE_BINARY_SELECT, F32, s, b->ni, keep, o, 0);
+    return o;
+}
+
+/* matmul(Q, K^T) -> *attn_scale -> *descale_Q -> *descale_K -> [causal] */
+static al_dnn scores(f8_gb *b, al_dnn Q, al_dnn KT) {
+    al_dnn s = vs(b, F32);
+    al_dnn_matmul(b->g, Q, KT, s, NULL, NULL, NULL);
+    s = pw2(b, CUDNN_POINTWISE_MUL, F32, s, b->sc, vs(b, F32));
+    s = mul_sc(b, s, U_DESC_Q, vs(b, F32));
+    s = mul_sc(b, s, U_DESC_K, vs(b, F32));
+    if (b->k->causal) s = causal_mask(b, s);
+    return s;
+}
+
+/* the frontend's matmul_fp8 tail: acc [GQA: head-group sum into hg heads] -> *descale_a -> *descale_b
+ * -> amax -> amax_uid; -> *scale_c -> C */
+static void fp8_tail(f8_gb *b, al_dnn acc, int gqa, int64_t s, int64_t d, int64_t desc_a, int64_t desc_b,
+                     int64_t scale_c, int64_t amax_uid, al_dnn C) {
+    const f8_key *k = b->k;
+    int64_t hh = k->h;
+    if (gqa) {
+        al_dnn r = vm(b, k->hg, s, d);
+        al_dnn_reduction(b->g, CUDNN_REDUCE_TENSOR_ADD, acc, r);
+        acc = r;
+        hh = k->hg;
+    }
+    al_dnn x = mul_sc(b, acc, desc_a, vm(b, hh, s, d));
+    x = mul_sc(b, x, desc_b, vm(b, hh, s, d));
+    mul_sc(b, x, scale_c, C);
+    al_dnn_amax(b->g, x, amax_uid);
+}
+
+static void build_forward(al_dnn_graph *g, const f8_key *k) {
+    f8_gb b;
+    gb_init(&b, g, k);
+    cudnnDataType_t io = al_dnn_fp8_type((int32_t)k->fmt);
+    const int64_t qd[4] = {k->b, k->h, k->sq, k->d}, kd[4] = {k->b, k->hg, k->skv, k->d};
+    al_dnn Q = io_tensor(&b, R_Q, U_Q, io, qd, 0);
+    al_dnn KT = io_tensor(&b, R_K, U_K, io, kd, 1);
+    al_dnn V = io_tensor(&b, R_V, U_V, io, kd, 0);
+    al_dnn O = io_tensor(&b, R_O, U_O, io, qd, 0);
+    al_dnn ST = al_dnn_tensor(g, U_STATS, F32, b.rdim, b.rstr, 0, 0, NULL);
+
+    al_dnn s = scores(&b, Q, KT);
+    al_dnn M = vr(&b);
+    al_dnn_reduction(g, CUDNN_REDUCE_TENSOR_MAX, s, M);
+    al_dnn sm = pw2(&b, CUDNN_POINTWISE_SUB, F32, s, M, vs(&b, F32));
+    al_dnn e = vs(&b, F32);
+    al_dnn_pointwise(g, CUDNN_POINTWISE_EXP, F32, sm, NULL, NULL, e, 0);
+    al_dnn Z = vr(&b);
+    al_dnn_reduction(g, CUDNN_REDUCE_TENSOR_ADD, e, Z);
+    al_dnn lz = vr(&b);
+    al_dnn_pointwise(g, CUDNN_POINTWISE_LOG, F32, Z, NULL, NULL, lz, 0);
+    pw2(&b, CUDNN_POINTWISE_ADD, F32, M, lz, ST);
+    al_dnn P = pw2(&b, CUDNN_POINTWISE_DIV, F32, e, Z, vs(&b, F32));
+    al_dnn_amax(g, P, U_AMAX_S);
+    al_dnn P8 = mul_sc(&b, P, U_SCALE_S, vs(&b, io));   /* P in the I/O type (FP8) for the 2nd matmul */
+
+    al_dnn acc = vm(&b, k->h, k->sq, k->d);
+    al_dnn_matmul(g, P8, V, acc, NULL, NULL, NULL);
+    fp8_tail(&b, acc, 0, k->sq, k->d, U_DESC_S, U_DESC_V, U_SCALE_O, U_AMAX_O, O);
+}
+
+/* kfp8: the K re-described from K^T for dP K is typed FP8 instead of fp32 (the frontend's default for a
+ * virtual, which the bf16 path uses): the fallback when cuDNN refuses the first form */
+static void build_backward(al_dnn_graph *g, const f8_key *k, int kfp8) {
+    f8_gb b;
+    gb_init(&b, g, k);
+    cudnnDataType_t io = al_dnn_fp8_type((int32_t)k->fmt), bio = al_dnn_fp8_type((int32_t)k->bfmt);
+    const int64_t qd[4] = {k->b, k->h, k->sq, k->d}, kd[4] = {k->b, k->hg, k->skv, k->d};
+    int gqa = k->h != k->hg;
+    al_dnn Q = io_tensor(&b, R_Q, U_Q, io, qd, 0);
+    al_dnn KT = io_tensor(&b, R_K, U_K, io, kd, 1);
+    al_dnn VT = io_tensor(&b, R_V, U_V, io, kd, 1);
+    al_dnn O = io_tensor(&b, R_O, U_O, io, qd, 0);
+    al_dnn dO = io_tensor(&b, R_DO, U_DO, bio, qd, 0);
+    al_dnn dQ = io_tensor(&b, R_DQ, U_DQ, bio, qd, 0);
+    al_dnn dK = io_tensor(&b, R_DK, U_DK, bio, kd, 0);
+    al_dnn dV = io_tensor(&b, R_DV, U_DV, bio, kd, 0);
+    al_dnn ST = al_dnn_tensor(g, U_STATS, F32, b.rdim, b.rstr, 0, 0, NULL);
+
+    /* D = rowsum(dO * O) * descale_dO * descale_O (the product shaped like dO, as the frontend infers) */
+    al_dnn t0 = al_dnn_virtual(g, F32, qd, k->str[R_DO]);
+    pw2(&b, CUDNN_POINTWISE_MUL, F32, dO, O, t0);
+    al_dnn t1 = vr(&b);
+    al_dnn_reduction(g, CUDNN_REDUCE_TENSOR_ADD, t0, t1);
+    al_dnn t2 = mul_sc(&b, t1, U_DESC_DO, vr(&b));
+    al_dnn D = mul_sc(&b, t2, U_DESC_O, vr(&b));
+
+    /* E = exp(S - Stats) */
+    al_dnn s = scores(&b, Q, KT);
+    s = pw2(&b, CUDNN_POINTWISE_SUB, F32, s, ST, vs(&b, F32));
+    al_dnn E = vs(&b, F32);
+    al_dnn_pointwise(g, CUDNN_POINTWISE_EXP, F32, s, NULL, NULL, E, 0);
+
+    /* dV = (E * scale_S)^T dO */
+    al_dnn P8 = mul_sc(&b, E, U_SCALE_S, vs(&b, io));
+    const int64_t td[4] = {k->b, k->h, k->skv, k->sq}, ts[4] = {k->h * k->sq * k->skv, k->sq * k->skv, 1, k->skv};
+    al_dnn PT = al_dnn_virtual(g, io, td, ts);
+    al_dnn_reshape(g, P8, PT);
+    al_dnn accv = vm(&b, k->h, k->skv, k->d);
+    al_dnn_matmul(g, PT, dO, accv, NULL, NULL, NULL);
+    fp8_tail(&b, accv, gqa, k->skv, k->d, U_DESC_S, U_DESC_DO, U_SCALE_DV, U_AMAX_DV, dV);
+
+    /* dP = (dO V^T * descales - D) * E * attn_scale, quantised with scale_dP */
+    al_dnn dp = vs(&b, F32);
+    al_dnn_matmul(g, dO, VT, dp, NULL, NULL, NULL);
+    dp = mul_sc(&b, dp, U_DESC_DO, vs(&b, F32));
+    dp = mul_sc(&b, dp, U_DESC_V, vs(&b, F32));
+    dp = pw2(&b, CUDNN_POINTWISE_SUB, F32, dp, D, vs(&b, F32));
+    dp = pw2(&b, CUDNN_POINTWISE_MUL, F32, dp, E, vs(&b, F32));
+    dp = pw2(&b, CUDNN_POINTWISE_MUL, F32, dp, b.sc, vs(&b, F32));
+    al_dnn_amax(g, dp, U_AMAX_DP);
+    al_dnn dP8 = mul_sc(&b, dp, U_SCALE_DP, vs(&b, bio));
+
+    /* dQ = dP8 K */
+    al_dnn Kv = al_dnn_tensor(g, g->next_vuid++, kfp8 ? io : F32, kd, k->str[R_K], 1, 0, NULL);
+    al_dnn_reshape(g, KT, Kv);
+    al_dnn accq = vm(&b, k->h, k->sq, k->d);
+    al_dnn_matmul(g, dP8, Kv, accq, NULL, NULL, NULL);
+    fp8_tail(&b, accq, 0, k->sq, k->d, U_DESC_DP, U_DESC_K, U_SCALE_DQ, U_AMAX_DQ, dQ);
+
+    /* dK = dP8^T Q */
+    al_dnn dPT = al_dnn_virtual(g, bio, td, ts);
+    al_dnn_reshape(g, dP8, dPT);
+    al_dnn acck = vm(&b, k->h, k->skv, k->d);
+    al_dnn_matmul(g, dPT, Q, acck, NULL, NULL, NULL);
+    fp8_tail(&b, acck, gqa, k->skv, k->d, U_DESC_DP, U_DESC_Q, U_SCALE_DK, U_AMAX_DK, dK);
+}
+
+/* ---- cache -------------------------------------------------------------------------------------- */
+/* Find or build the entry for k (g_lock held). Never NULL: a refused graph has plan == NULL. */
+static f8_entry *cache_get(const f8_key *k, cudnnHandle_t handle) {
+    uint64_t h = hash_key(k);
+    f8_entry *victim = NULL;
+    for (int i = 0; i < FZ8_CACHE_CAP; i++) {
+        f8_entry *e = &g_cache[i];
+        if (e->used && e->hash == h && memcmp(&e->key, k, sizeof *k) == 0) {
+            e->last_used = ++g_tick;
+            return e;
+        }
+        if (!victim || (victim->used && (!e->used || e->last_used < victim->last_used))) victim = e;
+    }
+    if (victim->used && victim->plan) cudnnBackendDestroyDescriptor(victim->plan);
+    memset(victim, 0, sizeof *victim);
+    victim->key = *k;
+    victim->hash = h;
+    victim->used = 1;
+    victim->last_used = ++g_tick;
+    al_dnn_graph *g = (al_dnn_graph *)malloc(sizeof *g);
+    if (!g) {
+        snprintf(victim->reason, sizeof victim->reason, "out of host memory building the cuDNN graph");
+        return victim;
+    }
+    al_dnn_graph_init(g);
+    if (k->backward) build_backward(g, k, 0);
+    else build_forward(g, k);
+    al_status s = al_dnn_build_plan(g, handle, &victim->plan, &victim->ws);
+    if (s != AL_OK && k->backward) {
+        /* one fallback form (see build_backward); the first refusal's words are kept if it fails too */
+        snprintf(victim->reason, sizeof victim->reason, "%s", al_last_error());
+        al_dnn_graph_free(g);
+        al_dnn_graph_init(g);
+        build_backward(g, k, 1);
+        s = al_dnn_build_plan(g, handle, &victim->plan, &victim->ws);
+        if (s != AL_OK) {
+            al_dnn_graph_free(g);
+            free(g);
+            return victim;
+        }
+    }
+    if (s == AL_OK) {
+        victim->reason[0] = 0;
+        memcpy(victim->uids, g->uids, sizeof(int64_t) * (size_t)g->nuids);
+        victim->nuids = g->nuids;
+        g_builds++;
+    } else {
+        snprintf(victim->reason, sizeof victim->reason, "%s", al_last_error());
+    }
+    al_dnn_graph_free(g);
+    free(g);
+    return victim;
+}
+
+/* ---- execution ---------------------------------------------------------------------------------- */
+typedef struct f8_run {
+    void *ptr[U_COUNT];
+    float scale, ninf;
+    float sc[NSC];              /* host values of the device scalars (amaxes read back into them) */
+    void *dsc;                  /* device block: NSC slots of SC_SLOT bytes */
+    void *ws;
+    int64_t ws_bytes;
+    int32_t dev;
+} f8_run;
+
+static al_status run_alloc(f8_run *r, int32_t dev, const f8_entry *e) {
+    r->dev = dev;
+    AL_TRY(al_cu_malloc(dev, NSC * SC_SLOT, &r->dsc));
+    for (int i = 0; i < NSC; i++) r->ptr[U_SC0 + i] = (char *)r->dsc + i * SC_SLOT;
+    r->ws_bytes = e->ws;
+    if (e->ws > 0) AL_TRY(al_cu_malloc(dev, e->ws, &r->ws));
+    r->ptr[U_SCALE] = &r->scale;
+    r->ptr[U_NEG_INF] = &r->ninf;
+    r->ninf = -INFINITY;
+    return AL_OK;
+}
+
+static void run_free(f8_run *r) {
+    if (r->dsc) al_cu_free(r->dev, r->dsc, NSC * SC_SLOT);
+    if (r->ws) al_cu_free(r->dev, r->ws, r->ws_bytes);
+    r->dsc = r->ws = NULL;
+}
+
+/* upload the scalars, execute, read the amaxes back (synchronises the stream) */
+static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn) {
+    char host[NSC * SC_SLOT];
+    memset(host, 0, sizeof host);
+    for (int i = 0; i < NSC; i++) memcpy(host + i * SC_SLOT, &r->sc[i], sizeof(float));
+    AL_TRY(al_cu_memcpy_h2d(r->dev, r->dsc, host, sizeof host));
+    void *ptrs[AL_DNN_MAX_UIDS];
+    for (int i = 0; i < e->nuids; i++) {
+        int64_t u = e->uids[i];
+        ptrs[i] = (u >= 0 && u < U_COUNT) ? r->ptr[u] : NULL;
+        if (!ptrs[i]) return al_error(AL_ERR_INTERNAL, "%s: no data pointer for cuDNN tensor uid %lld", fn, (long long)u);
+    }
+    AL_TRY(al_dnn_execute(handle, e->plan, e->nuids, e->uids, ptrs, r->ws));
+    AL_TRY(al_cu_memcpy_d2h(r->dev, host, r->dsc, sizeof host));
+    for (int i = 0; i < NSC; i++) memcpy(&r->sc[i], host + i * SC_SLOT, sizeof(float));
+    return AL_OK;
+}
+
+#define SC(u) r.sc[(u) - U_SC0]
+
+/* ---- supports ----------------------------------------------------------------------------------- */
+#define NO(...) do { snprintf(reason, n, __VA_ARGS__); return 0; } while (0)
+
+int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
+    const al_attn_params *p = &pl->p;
+    const al_attn_fp8 *f = pl->in.fp8;
+    const al_tensor *q = pl->in.q, *k = pl->in.k, *v = pl->in.v;
+    char vs_[32], buf[128];
+    size_t ver = cudnnGetVersion();
+    version_str(ver, vs_, sizeof vs_);
+    if (q->device_type != AL_DEVICE_CUDA)
+        NO("tensors are on the CPU; the fused backend's FP8 path (cuDNN %s) serves cuda tensors", vs_);
+    if (ver < FZ8_MIN_VERSION) NO("cuDNN %s is older than 9.10.2, the oldest this backend accepts", vs_);
+    int32_t dev = q->device_index;
+    if (dev < 0 || dev >= al_cu_ndev) NO("device cuda:%d does not exist", dev);
+    int cc = cc_major(dev);
+    if (cc < 9) NO("cuDNN's FP8 SDPA needs Hopper (sm_90) or newer; cuda:%d is sm_%d.x", dev, cc);
+    if (!is_fp8(q->dtype))
+        NO("q, k, v are %s, not FP8 codes (a Lua or MXFP8 recipe fake-quantises them); cuDNN's FP8 SDPA on Hopper "
+           "takes FP8 q/k/v with one descale each (MXFP8 attention needs Blackwell and cuDNN >= 9.21)", al_dtype_name(q->dtype));
+    if (k->dtype != q->dtype || v->dtype != q->dtype)
+        NO("q, k, v must share one FP8 format for cuDNN, got %s, %s, %s", al_dtype_name(q->dtype), al_dtype_name(k->dtype),
+           al_dtype_name(v->dtype));
+    if (f->q_descale || f->k_descale || f->v_descale)
+        NO("per-token descales (granularity=token) are not expressible: cuDNN's FP8 SDPA takes one [1,1,1,1] descale per q, k, v");
+    if (p->compute_dtype == AL_DTYPE_F64) NO("compute_dtype=f64 is not available in cuDNN (f32 accumulation)");
+    if (p->qkv_format == AL_ATTN_FORMAT_THD)
+        NO("thd (ragged) layouts are not served by the FP8 path (cuDNN's FP8 ragged support needs >= 9.23, and its FP8 "
+           "backward has none on Hopper)");
+    if (p->d_qk != p->d_v) NO("cuDNN's FP8 SDPA here needs d_qk = d_v, got d_qk=%lld d_v=%lld", (long long)p->d_qk, (long long)p->d_v);
+    if (p->d_qk % 16 || p->d_qk > 256)
+        NO("cuDNN's FP8 SDPA forward needs a head dim that is a multiple of 16 and <= 256, got %lld", (long long)p->d_qk);
+    if (p->mask_type == AL_ATTN_MASK_ARBITRARY) NO("arbitrary masks are not expressible in cuDNN's SDPA graph");
+    int padded = pl->has_padding || pl->q_valid || pl->kv_valid;
+    for (int64_t i = 0; i < p->b && !padded; i++) padded = pl->q_len[i] != p->sq || pl->kv_len[i] != p->skv;
+    if (padded) NO("padding masks are not served by the FP8 path (no sequence-length tensors in its graph)");
+    if (p->window_left >= 0) NO("sliding windows (window_left=%lld) are not served by the FP8 path (cuDNN's FP8 band mask needs >= 9.21)",
+                                (long long)p->window_left);
+    if (p->window_right > 0) NO("window_right=%lld is not served by the FP8 path (only causal, window_right = 0)", (long long)p->window_right);
+    if (p->window_right == 0 && pl->bottom_right) {
+        for (int64_t i = 0; i < p->b; i++)
+            if (pl->diag[i] != 0) NO("bottom-right causal with s_q != s_kv: cuDNN's FP8 graph supports it only on Blackwell");
+    }
+    if (p->bias_type != AL_ATTN_BIAS_NO_BIAS)
+        NO("cuDNN's FP8 SDPA has no bias or ALiBi (bias_type %s); TE: 'FP8 fused attention does not support pre/post_scale_bias yet'",
+           p->bias_type == AL_ATTN_BIAS_ALIBI ? "alibi" : "pre/post_scale_bias");
+    if (p->softmax_type != AL_ATTN_SOFTMAX_VANILLA) NO("softmax sinks (softmax_type off-by-one/learnable) are not served by the FP8 path");
+    if (p->dropout_p > 0.0)
+        NO("dropout (p=%g) with FP8 is declined: cuDNN measures amax_S after the dropout scale and its Philox mask is not "
+           "the CPU oracle's stream, so the result could not be checked against the emulation", p->dropout_p);
+    if (p->return_max_logit) NO("return_max_logit is not implemented by the fused backend");
+    if (!(f->scale[AL_FP8_SLOT_S] > 0.0))
+        NO("fp8.scale[S] = %g leaves S unquantised; cuDNN's FP8 P.V reads P in FP8, so S needs a scale", f->scale[AL_FP8_SLOT_S]);
+    if (f->o_per_token) NO("per-token O scales are not expressible: cuDNN's FP8 SDPA has one scale_O");
+    if (f->scale[AL_FP8_SLOT_O] < 0.0)
+        NO("O unquantised (a Lua or MXFP8 recipe quantises O itself) needs a non-FP8 O, which cuDNN writes only on "
+           "Blackwell; on Hopper its FP8 SDPA writes O in FP8");
+    const al_tensor *ts[3] = {q, k, v};
+    for (int i = 0; i < 3; i++) {
+        const char *why = layout_problem(ts[i], buf, sizeof buf);
+        if (why) NO("%s: %s", role_name[i], why);
+    }
+
+    /* the forward graph itself: built (or found) now, so a refusal is reported with cuDNN's words */
+    int nd = q->ndim;
+    int64_t osize[4], ostr[4];
+    for (int d = 0; d < nd; d++) osize[d] = q->size[d];
+    osize[nd - 1] = p->d_v;
+    al_contiguous_strides(nd, osize, ostr);
+    al_tensor ot;
+    memset(&ot, 0, sizeof ot);
+    ot.ndim = nd;
+    for (int d = 0; d < nd; d++) { ot.size[d] = osize[d]; ot.stride[d] = ostr[d]; }
+    const al_tensor *t[NROLE] = {q, k, v, &ot, NULL, NULL, NULL, NULL};
+    f8_key key;
+    key_build(&key, pl, 0, t);
+    pthread_mutex_lock(&g_lock);
+    cudnnHandle_t handle;
+    cudaStream_t stream;
+    al_status st = get_handle(dev, &handle, &stream);
+    int ok = 0;
+    if (st != AL_OK) snprintf(reason, n, "%s", al_last_error());
+    else {
+        f8_entry *e = cache_get(&key, handle);
+        ok = e->plan != NULL;
+        if (!ok) snprintf(reason, n, "cuDNN %s refused the FP8 forward graph: %s", vs_, e->reason);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (!ok) return 0;
+    /* accepted; notes for explain */
+    int bwd_ok = cc == 9 ? p->d_qk == 128 : p->d_qk <= 128;
+    size_t used = 0;
+    reason[0] = 0;
+    if (!bwd_ok)
+        used += (size_t)snprintf(reason, n, "note: FP8 forward only: cuDNN's FP8 backward needs d_qk = d_v = %s on sm_%d.x, this call has d=%lld",
+                                 cc == 9 ? "128" : "<= 128", cc, (long long)p->d_qk);
+    if (f->scale[AL_FP8_SLOT_O] == 0.0 && used < n)
+        snprintf(reason + used, n - used, "%sO is current-scaled: cuDNN writes FP8 O on Hopper, so the forward runs twice (amax, then scale)",
+                 used ? "; " : "note: ");
+    return 1;
+}
+#undef NO
+
+/* ---- forward ---------------------------------------------------------------------------------- */
+al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse, al_tensor *max_logit) {
+    const char *fn = "attention (fused, fp8)";
+    const al_attn_params *p = &pl->p;
+    const al_tensor *q = pl->in.q;
+    al_attn_fp8 *f = pl->in.fp8;
+    int32_t dev = q->device_index;
+    if (max_logit) return al_error(AL_ERR_UNSUPPORTED, "%s: return_max_logit is not implemented", fn);
+    int nd = q->ndim;
+    int64_t osize[4];
+    for (int d = 0; d < nd; d++) osize[d] = q->size[d];
+    osize[nd - 1] = p->d_v;
+    int64_t lsize[3] = {p->b, p->h, p->sq};
+    al_tensor o8;
+    memset(&o8, 0, sizeof o8);
+    AL_TRY(al_tensor_empty(&o8, nd, osize, q->dtype, AL_DEVICE_CUDA, dev));
+    al_status s = al_tensor_empty(lse, 3, lsize, AL_DTYPE_F32, AL_DEVICE_CUDA, dev);
+    if (s != AL_OK) { al_tensor_release(&o8); return s; }
+
+    const al_tensor *t[NROLE] = {q, pl->in.k, pl->in.v, &o8, NULL, NULL, NULL, NULL};
+    f8_key key;
+    key_build(&key, pl, 0, t);
+    f8_run r;
+    memset(&r, 0, sizeof r);
+    const double sS = f->scale[AL_FP8_SLOT_S], qmax = al_fp8_fmax(q->dtype);
+    double so = f->scale[AL_FP8_SLOT_O];
+    f8_entry *e = NULL;
+    pthread_mutex_lock(&g_lock);
+    cudnnHandle_t handle;
+    cudaStream_t stream;
+    s = get_handle(dev, &handle, &stream);
+    if (s == AL_OK) {
+        e = cache_get(&key, handle);
+        if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN refused the FP8 forward graph: %s", fn, e->reason);
+    }
+    if (s == AL_OK) s = run_alloc(&r, dev, e);
+    if (s == AL_OK) {
+        const al_tensor *io[4] = {q, pl->in.k, pl->in.v, &o8};
+        for (int i = 0; i < 4; i++) r.ptr[U_Q + i] = elem_ptr(io[i]);
+        r.ptr[U_STATS] = elem_ptr(lse);
+        r.scale = (float)p->softmax_scale;
+        SC(U_DESC_Q) = SC(U_DESC_K) = SC(U_DESC_V) = (float)f->qkv_scale_inv;
+        SC(U_SCALE_S) = (float)sS;
+        SC(U_DESC_S) = (float)(1.0 / sS);
+        /* current scaling of O: a first run measures amax_O (its O is discarded) */
+        SC(U_SCALE_O) = so > 0.0 ? (float)so : 1.0f;
+        s = run_once(&r, handle, e, fn);
+        if (s == AL_OK && so == 0.0) {
+            /* report the amax the scale came from (a rerun could differ in the last bits) */
+            float am_o = SC(U_AMAX_O);
+            so = al_fp8_current_scale(qmax, (double)am_o, exp2(f->margin));
+            SC(U_SCALE_O) = (float)so;
+            s = run_once(&r, handle, e, fn);
+            SC(U_AMAX_O) = am_o;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    run_free(&r);
+    /* O into the caller's dtype: decode(code) / scale_O, rounded once */
+    if (s == AL_OK) s = al_fp8_dequantize(out, &o8, 1.0 / (double)(float)so, f->out_dtype);
+    al_tensor_release(&o8);
+    if (s == AL_OK) {
+        f->amax[AL_FP8_SLOT_S] = (double)SC(U_AMAX_S);
+        f->amax[AL_FP8_SLOT_O] = (double)SC(U_AMAX_O);
+        f->scale_used[AL_FP8_SLOT_S] = sS;
+        f->scale_used[AL_FP8_SLOT_O] = so;
+    } else {
+        al_tensor_release(out);
+        al_tensor_release(lse);
+    }
+    return s;
+}
+
+/* ---- backward --------------------------------------------------------------------------------- */
+/* dst (caller's float tensor, any strides) = decode(src) * inv */
+static al_status store_grad(al_tensor *dst, const al_tensor *src, double inv) {
+    al_tensor tmp;
+    memset(&tmp, 0, sizeof tmp);
+    AL_TRY(al_fp8_dequantize(&tmp, src, inv, dst->dtype));
+    al_status s = al_cu_copy(dst, &tmp);
+    al_tensor_release(&tmp);
+    return s;
+}
+
+al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al_tensor *dout, const al_tensor *lse,
+                          al_tensor *dq, al_tensor *dk, al_tensor *dv) {
+    const char *fn = "attention_backward (fused, fp8)";
+    const al_attn_params *p = &pl->p;
+    const al_tensor *q = pl->in.q;
+    al_attn_fp8 *f = pl->in.fp8;
+    int32_t dev = q->device_index;
+    int cc = cc_major(dev);
+    if (cc == 9 ? p->d_qk != 128 : p->d_qk > 128)
+        return al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN's FP8 backward needs d_qk = d_v = %s on sm_%d.x, got d=%lld (the FP8 "
+                        "forward ran; no other GPU backend has an FP8 backward: use bf16 or the cpu backend)", fn,
+                        cc == 9 ? "128" : "<= 128", cc, (long long)p->d_qk);
+    const al_tensor *chk[6] = {out, dout, dq, dk, dv, lse};
+    const char *chk_name[6] = {"out", "dout", "dq", "dk", "dv", "lse"};
+    for (int i = 0; i < 6; i++)
+        if (chk[i]->device_type != AL_DEVICE_CUDA || chk[i]->device_index != dev)
+            return al_error(AL_ERR_ARG, "%s: %s must be on cuda:%d", fn, chk_name[i], dev);
+    if (lse->dtype != AL_DTYPE_F32 || !al_tensor_is_contiguous(lse))
+        return al_error(AL_ERR_ARG, "%s: lse must be the forward's contiguous f32 [b,h,sq]", fn);
+    const double sS = f->scale[AL_FP8_SLOT_S], sdP = f->scale[AL_FP8_SLOT_DP];
+    double sdo = f->scale[AL_FP8_SLOT_DO], sg = f->scale[AL_FP8_SLOT_DQKV];
+    if (!(sdP > 0.0))
+        return al_error(AL_ERR_UNSUPPORTED, "%s: fp8.scale[dP] must be a given scale > 0 (cuDNN quantises dP inside the kernel), got %g", fn, sdP);
+    if (sdo < 0.0 || sg < 0.0)
+        return al_error(AL_ERR_UNSUPPORTED, "%s: fp8.scale[%s] < 0 (a Lua or MXFP8 recipe quantises it itself) is not expressible: "
+                        "cuDNN's FP8 backward reads dO and writes dQ/dK/dV in FP8 with one scale each", fn, sdo < 0.0 ? "dO" : "dQKV");
+    const int32_t bfmt = f->bwd_format;
+    const double bmax = al_fp8_fmax(bfmt), p2 = exp2(f->margin);
+    /* the O the forward wrote, back to its FP8 codes */
+    double so = f->scale_used[AL_FP8_SLOT_O] > 0.0 ? f->scale_used[AL_FP8_SLOT_O] : f->scale[AL_FP8_SLOT_O];
+    double am_do = 0.0, am;
+    al_status s = AL_OK;
+    if (!(so > 0.0)) {
+        s = al_amax(out, &am);
+        so = al_fp8_current_scale(al_fp8_fmax(q->dtype), am, p2);
+    }
+    if (s == AL_OK) s = al_amax(dout, &am_do);
+    if (s == AL_OK && sdo == 0.0) sdo = al_fp8_current_scale(bmax, am_do, p2);
+    if (s != AL_OK) return s;
+
+    al_tensor o8, do8, g8[3];
+    memset(&o8, 0, sizeof o8);
+    memset(&do8, 0, sizeof do8);
+    memset(g8, 0, sizeof g8);
+    al_tensor *gd[3] = {dq, dk, dv};
+    s = al_fp8_quantize(&o8, out, q->dtype, so);
+    if (s == AL_OK) s = al_fp8_quantize(&do8, dout, bfmt, sdo);
+    for (int i = 0; i < 3 && s == AL_OK; i++) s = al_tensor_empty(&g8[i], gd[i]->ndim, gd[i]->size, bfmt, AL_DEVICE_CUDA, dev);
+    f8_run r;
+    memset(&r, 0, sizeof r);
+    f8_entry *e = NULL;
+    double a = p->softmax_scale;
+    if (s == AL_OK) {
+        const al_tensor *t[NROLE] = {q, pl->in.k, pl->in.v, &o8, &do8, &g8[0], &g8[1], &g8[2]};
+        f8_key key;
+        key_build(&key, pl, 1, t);
+        pthread_mutex_lock(&g_lock);
+        cudnnHandle_t handle;
+        cudaStream_t stream;
+        s = get_handle(dev, &handle, &stream);
+        if (s == AL_OK) {
+            e = cache_get(&key, handle);
+            if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN refused the FP8 backward graph: %s", fn, e->reason);
+        }
+        if (s == AL_OK) s = run_alloc(&r, dev, e);
+        if (s == AL_OK) {
+            for (int i = 0; i < NROLE; i++) {
+                static const int uid_of[NROLE] = {U_Q, U_K, U_V, U_O, U_DO, U_DQ, U_DK, U_DV};
+                r.ptr[uid_of[i]] = elem_ptr(t[i]);
+            }
+            r.ptr[U_STATS] = elem_ptr(lse);
+            r.scale = (float)a;
+            SC(U_DESC_Q) = SC(U_DESC_K) = SC(U_DESC_V) = (float)f->qkv_scale_inv;
+            SC(U_SCALE_S) = (float)sS;
+            SC(U_DESC_S) = (float)(1.0 / sS);
+            SC(U_DESC_O) = (float)(1.0 / so);
+            SC(U_DESC_DO) = (float)(1.0 / sdo);
+            /* the emulation's dP slot is the gradient before the softmax scale (see the header) */
+            SC(U_SCALE_DP) = (float)(sdP / a);
+            SC(U_DESC_DP) = (float)(a / sdP);
+            float g0 = sg > 0.0 ? (float)sg : 1.0f;
+            SC(U_SCALE_DQ) = SC(U_SCALE_DK) = SC(U_SCALE_DV) = g0;
+            s = run_once(&r, handle, e, fn);
+            if (s == AL_OK && sg == 0.0) {   /* current dQKV scaling: the first run measured the amaxes */
+                float am3[3] = {SC(U_AMAX_DQ), SC(U_AMAX_DK), SC(U_AMAX_DV)};
+                double m = fmax(fmax((double)am3[0], (double)am3[1]), (double)am3[2]);
+                sg = al_fp8_current_scale(bmax, m, p2);
+                SC(U_SCALE_DQ) = SC(U_SCALE_DK) = SC(U_SCALE_DV) = (float)sg;
+                s = run_once(&r, handle, e, fn);
+                /* report the amaxes the scale came from (dQ may accumulate in another order) */
+                SC(U_AMAX_DQ) = am3[0]; SC(U_AMAX_DK) = am3[1]; SC(U_AMAX_DV) = am3[2];
+            }
+        }
+        pthread_mutex_unlock(&g_lock);
+        run_free(&r);
+    }
+    for (int i = 0; i < 3 && s == AL_OK; i++) s = store_grad(gd[i], &g8[i], 1.0 / (double)(float)sg);
+    al_tensor_release(&o8);
+    al_tensor_release(&do8);
+    for (int i = 0; i < 3; i++) al_tensor_release(&g8[i]);
+    if (s == AL_OK) {
+        double m = 0.0;
+        const int au[3] = {U_AMAX_DQ, U_AMAX_DK, U_AMAX_DV};
+        for (int i = 0; i < 3; i++) {
+            double x = (double)SC(au[i]);
+            if (x != x || m != m) m = NAN;
+            else if (x > m) m = x;
+        }
+        f->amax[AL_FP8_SLOT_DO] = am_do;
+        f->scale_used[AL_FP8_SLOT_DO] = sdo;
+        f->amax[AL_FP8_SLOT_DP] = (double)SC(U_AMAX_DP) / a;
+        f->scale_used[AL_FP8_SLOT_DP] = sdP;
+        f->amax[AL_FP8_SLOT_DQKV] = m;
+        f->scale_used[AL_FP8_SLOT_DQKV] = sg;
+    }
+    return s;
+}

@@ -1,0 +1,259 @@
+-- The fused backend's FP8 path (cuDNN's FP8 SDPA, src/cuda/attn_fused_fp8.cu) against the CPU FP8
+-- emulation (the oracle: same inputs, same recipe state, so the same scales) and against bf16
+-- attention (RMSE / value range < 0.11, TE's bar): outputs, LSE, every gradient, the amaxes the
+-- kernel reports (S, O, dO, dP, dQKV), packed qkv_layer / kv_layer buffers read with their real
+-- strides, GQA, current scaling (two cuDNN runs), the plan cache, and explain's verdicts (served at
+-- d=128; forward-only note at d=96; declines with reasons for d=72, dropout, padding, ALiBi,
+-- per-token and MXFP8 recipes). GPU blocks are tagged #gpu and need Hopper (sm_90+); the measured
+-- numbers are printed at the end. One CPU block checks the explain text without a GPU.
+local al = require "attnlab"
+local ffi = require "ffi"
+
+local function hopper()
+  if not al.cuda.available() then return false, "no GPU" end
+  local cap = al.cuda.device_info(0).capability
+  if cap[1] < 9 then return false, "needs sm_90+, this is sm_" .. cap[1] .. cap[2] end
+  return true
+end
+local function gpu_it(name, fn)
+  local ok, why = hopper()
+  if ok then it(name, fn) else pending(name .. " (" .. why .. ")") end
+end
+
+-- RMSE of (a - ref) over the value range of ref
+local function rel_rmse(a, ref)
+  local r = ref:cpu():to("f64")
+  local d = a:cpu():to("f64") - r
+  local rmse = math.sqrt((d * d):mean():item())
+  return rmse / (r:max() - r:min())
+end
+local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
+
+local log = {}
+local function note(fmt, ...) log[#log + 1] = string.format(fmt, ...) end
+
+local function cpu_args(a)
+  local c = {}
+  for k, v in pairs(a) do
+    if type(v) == "table" and v.raw then c[k] = v:cpu() else c[k] = v end
+  end
+  return c
+end
+
+-- args (cuda tensors, no recipe): `steps` forward+backward steps on fused FP8 and on the CPU emulation
+-- from one recipe state, plus the bf16 reference on the GPU. Returns a table of everything.
+local function run(name, args, make_recipe, opts)
+  opts = opts or {}
+  local steps = opts.steps or 2
+  local rg = make_recipe()
+  local rc = rg:clone()
+  local ga, ca = {}, cpu_args(args)
+  for k, v in pairs(args) do ga[k] = v end
+  ga.backend, ga.fp8_recipe = "fused", rg
+  ca.backend, ca.fp8_recipe = "cpu", rc
+  local out, ctx, cout, cctx, g, cg
+  local dout
+  for step = 1, steps do
+    out, ctx = al.attention.forward(ga)
+    cout, cctx = al.attention.forward(ca)
+    if not opts.no_backward then
+      if not dout then dout = al.randn(out:size(), { dtype = out:dtype() }):cuda() end
+      g = al.attention.backward(ctx, dout)
+      cg = al.attention.backward(cctx, dout:cpu())
+    end
+  end
+  local ra = {}
+  for k, v in pairs(args) do ra[k] = v end
+  ra.backend = "fused"
+  local ref, rctx = al.attention.forward(ra)
+  local rgr = (not opts.no_backward) and al.attention.backward(rctx, dout) or nil
+  local res = { out = out, cout = cout, ref = ref, ctx = ctx, cctx = cctx, g = g, cg = cg, rg = rgr,
+    f = ctx.fp8.f, cf = cctx.fp8.f }
+  res.e_emul = rel_rmse(out, cout)
+  res.e_bf16 = rel_rmse(out, ref)
+  note("%-34s out: vs emulation %.4f, vs bf16 %.4f (emulation vs bf16 %.4f); amax S %.4g/%.4g O %.4g/%.4g",
+    name, res.e_emul, res.e_bf16, rel_rmse(cout, ref:cpu()), res.f.amax[1], res.cf.amax[1], res.f.amax[2], res.cf.amax[2])
+  if g then
+    for k, v in pairs(cg) do
+      local e1, e2 = rel_rmse(g[k], v), rel_rmse(g[k], rgr[k])
+      note("%-34s grad %-12s vs emulation %.4f, vs bf16 %.4f (emulation vs bf16 %.4f)", name, k, e1, e2, rel_rmse(v, rgr[k]:cpu()))
+      res["ge_" .. k] = { e1, e2 }
+    end
+    note("%-34s amax dO %.5g/%.5g dP %.5g/%.5g dQKV %.5g/%.5g", name, res.f.amax[3], res.cf.amax[3], res.f.amax[4],
+      res.cf.amax[4], res.f.amax[5], res.cf.amax[5])
+  end
+  return res
+end
+
+-- the assertions every configuration must pass
+local function check(res, causal)
+  assert.are.equal(res.cout:dtype(), res.out:dtype())
+  assert.is_true(res.e_emul < 0.03, "fused FP8 vs the emulation, RMSE/range " .. res.e_emul)
+  assert.is_true(res.e_bf16 < 0.11, "fused FP8 vs bf16, RMSE/range " .. res.e_bf16)
+  assert.is_true(res.e_bf16 > 0, "FP8 must differ from bf16 (the FP8 path ran)")
+  assert.is_true(al.allclose(res.ctx.lse:cpu():float(), res.cctx.lse:float(), { atol = 2e-3, rtol = 2e-3 }), "lse")
+  -- S: causal rows 0 hold one element (P = 1 exactly); otherwise cuDNN may report the normalised
+  -- maximum (= the emulation's) or the flash kernel's unnormalised one (1): anything else is wrong
+  local s, cs = res.f.amax[1], res.cf.amax[1]
+  if causal then assert.is_true(math.abs(s - 1) < 1e-6 and math.abs(cs - 1) < 1e-6, "amax_S " .. s .. " / " .. cs)
+  else assert.is_true(s >= 0.95 * cs and s <= 1 + 1e-6, "amax_S " .. s .. " vs emulation " .. cs) end
+  assert.is_true(rel(res.f.amax[2], res.cf.amax[2]) < 0.05, "amax_O " .. res.f.amax[2] .. " vs " .. res.cf.amax[2])
+  -- S scales come from step 1's amax_S: identical when causal (both 1), else as close as the amaxes
+  if causal then assert.are.equal(res.cf.scale_used[1], res.f.scale_used[1]) end
+  assert.is_true(rel(res.f.scale_used[2], res.cf.scale_used[2]) < 0.05, "O scale")
+  if res.g then
+    local n = 0
+    for k, e in pairs(res) do
+      if type(k) == "string" and k:sub(1, 3) == "ge_" then
+        assert.is_true(e[1] < 0.05, k .. " vs emulation " .. e[1])
+        assert.is_true(e[2] < 0.11, k .. " vs bf16 " .. e[2])
+        n = n + 1
+      end
+    end
+    assert.is_true(n >= 1)
+    assert.are.equal(res.cf.amax[3], res.f.amax[3])   -- dO: the same tensor, the same amax
+    assert.is_true(rel(res.f.amax[4], res.cf.amax[4]) < 0.1, "amax_dP " .. res.f.amax[4] .. " vs " .. res.cf.amax[4])
+    assert.is_true(rel(res.f.amax[5], res.cf.amax[5]) < 0.1, "amax_dQKV " .. res.f.amax[5] .. " vs " .. res.cf.amax[5])
+    assert.is_true(rel(res.f.scale_used[4], res.cf.scale_used[4]) < 0.1, "dP scale (from step 1's amax_dP)")
+  end
+end
+
+local function R(shape) return al.randn(shape, { dtype = "bf16" }):cuda() end
+local DS = function() return al.fp8.DelayedScaling{ amax_history_len = 4 } end
+
+describe("fp8 fused (cuDNN FP8 SDPA) vs the CPU emulation #gpu", function()
+  before_each(function() al.manual_seed(41) end)
+  teardown(function()
+    io.stderr:write("\n[fp8 fused] RMSE / range (TE's bar vs bf16: < 0.11); amax fused/emulation\n")
+    for _, l in ipairs(log) do io.stderr:write("  " .. l .. "\n") end
+  end)
+
+  for _, mask in ipairs({ "causal", "no_mask" }) do
+    gpu_it("bshd separate q/k/v d=128 " .. mask .. ": forward, LSE, gradients and amaxes", function()
+      local res = run("bshd d=128 " .. mask, { query_layer = R({ 2, 256, 4, 128 }), key_layer = R({ 2, 256, 4, 128 }),
+        value_layer = R({ 2, 256, 4, 128 }), qkv_format = "bshd", attn_mask_type = mask }, DS)
+      check(res, mask == "causal")
+    end)
+  end
+
+  gpu_it("packed qkv_layer bs3hd (one FP8 buffer, q/k/v read with its strides) and its packed gradient", function()
+    local qkv = R({ 2, 192, 3, 4, 128 })
+    local res = run("bs3hd packed causal", { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd",
+      attn_mask_type = "causal" }, DS)
+    check(res, true)
+    local q8 = res.ctx.refs.q8
+    assert.are.same({ 192 * 3 * 4 * 128, 3 * 4 * 128, 128, 1 }, q8:stride())   -- a view of the packed buffer
+    assert.are.same(qkv:size(), res.g.qkv_layer:size())
+  end)
+
+  gpu_it("packed sbh3d (sbhd, interleave dim -2) no_mask", function()
+    local res = run("sbh3d packed no_mask", { qkv_layer = R({ 160, 2, 4, 3, 128 }), qkv_interleave_dim = -2,
+      qkv_format = "sbhd", attn_mask_type = "no_mask" }, DS)
+    check(res, false)
+  end)
+
+  gpu_it("GQA (h=4, hg=2) through kv_layer bs2hd, forward and backward", function()
+    local res = run("GQA bshd_bs2hd causal", { query_layer = R({ 2, 128, 4, 128 }), kv_layer = R({ 2, 128, 2, 2, 128 }),
+      qkv_interleave_dim = -3, qkv_format = "bshd", attn_mask_type = "causal" }, DS)
+    check(res, true)
+  end)
+
+  gpu_it("CurrentScaling: O and dQKV current (two cuDNN runs each), S and dP delayed", function()
+    local res = run("CurrentScaling bshd causal", { query_layer = R({ 2, 128, 4, 128 }), key_layer = R({ 2, 128, 4, 128 }),
+      value_layer = R({ 2, 128, 4, 128 }), qkv_format = "bshd", attn_mask_type = "causal" },
+      function() return al.fp8.CurrentScaling{} end)
+    check(res, true)
+    -- current O: fp8_max / amax_O of this very call
+    assert.is_true(rel(res.f.scale_used[2], 448 / res.f.amax[2]) < 1e-6, "current O scale")
+    assert.is_true(rel(res.f.scale_used[5], 57344 / res.f.amax[5]) < 1e-6, "current dQKV scale (E5M2, HYBRID)")
+  end)
+
+  gpu_it("d=64 forward is served (backward needs d=128 on Hopper: a clear error)", function()
+    local args = { query_layer = R({ 1, 128, 2, 64 }), key_layer = R({ 1, 128, 2, 64 }), value_layer = R({ 1, 128, 2, 64 }),
+      qkv_format = "bshd", attn_mask_type = "causal" }
+    local res = run("bshd d=64 causal (forward only)", args, DS, { no_backward = true })
+    check(res, true)
+    local ok, err = pcall(al.attention.backward, res.ctx, al.randn(res.out:size(), { dtype = "bf16" }):cuda())
+    if al.cuda.device_info(0).capability[1] == 9 then
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("needs d_qk = d_v = 128", 1, true), tostring(err))
+    end
+  end)
+
+  gpu_it("plan cache: a repeated call builds no new FP8 plan", function()
+    local lib = ffi.load((os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
+    pcall(ffi.cdef, "int64_t al_fused_info(char *buf, int64_t n);")
+    local buf = ffi.new("char[256]")
+    local function fp8_builds()
+      lib.al_fused_info(buf, 256)
+      return tonumber(ffi.string(buf):match("fp8_builds=(%d+)"))
+    end
+    local args = { qkv_layer = R({ 1, 128, 3, 2, 128 }), qkv_format = "bshd", fp8_recipe = DS(), backend = "fused" }
+    al.attention.forward(args)
+    local n0 = fp8_builds()
+    assert.is_true(n0 >= 1)
+    al.attention.forward(args)
+    al.attention.forward(args)
+    assert.are.equal(n0, fp8_builds())
+  end)
+end)
+
+describe("fp8 fused explain #gpu", function()
+  local function ex(args)
+    local text, name = al.attention.explain(args)
+    return text, name
+  end
+  local function base(d, extra)
+    local a = { qkv_layer = R({ 2, 128, 3, 2, d }), qkv_format = "bshd", fp8_recipe = al.fp8.DelayedScaling{} }
+    for k, v in pairs(extra or {}) do a[k] = v end
+    return a
+  end
+
+  gpu_it("d=128: fused serves FP8 with no caveat", function()
+    local text, name = ex(base(128))
+    assert.are.equal("fused", name, text)
+    assert.truthy(text:find("fused    CHOSEN\n", 1, true), text)
+  end)
+
+  gpu_it("d=96: fused serves the forward and says the backward needs d=128 on Hopper", function()
+    local text, name = ex(base(96))
+    assert.are.equal("fused", name, text)
+    if al.cuda.device_info(0).capability[1] == 9 then
+      assert.truthy(text:find("FP8 forward only: cuDNN's FP8 backward needs d_qk = d_v = 128", 1, true), text)
+    end
+  end)
+
+  local declines = {
+    { "d=72 (not a multiple of 16)", function() return base(72) end, "multiple of 16" },
+    { "dropout", function() return base(128, { attention_dropout = 0.1 }) end, "dropout (p=0.1) with FP8 is declined" },
+    { "ALiBi", function() return base(128, { core_attention_bias_type = "alibi", attn_mask_type = "causal" }) end, "no bias or ALiBi" },
+    { "padding mask", function()
+        local m = al.zeros({ 2, 1, 1, 128 }, { dtype = "bool" })
+        m:narrow(4, 100, 29):fill_(1)
+        return base(128, { attn_mask_type = "padding", attention_mask = m:cuda() })
+      end, "padding masks are not served" },
+    { "per-token current scaling", function() return base(128, { fp8_recipe = al.fp8.CurrentScaling{ granularity = "token" } }) end,
+      "per-token descales" },
+    { "MXFP8 recipe", function() return base(128, { fp8_recipe = al.fp8.MXFP8BlockScaling{} }) end, "not FP8 codes" },
+  }
+  for _, c in ipairs(declines) do
+    gpu_it("declines " .. c[1] .. " with the reason", function()
+      local text = ex(c[2]())
+      local line = text:match("\n  fused    ([^\n]*)")
+      assert.truthy(line, text)
+      assert.truthy(line:find("^no: "), line)
+      assert.truthy(line:find(c[3], 1, true), line)
+    end)
+  end
+end)
+
+describe("fp8 fused: explain text without a GPU", function()
+  it("the FP8 line names both paths; CPU tensors stay on the cpu emulation", function()
+    local qkv = al.randn({ 2, 32, 3, 2, 16 }, { dtype = "bf16" })
+    local text, name = al.attention.explain{ qkv_layer = qkv, qkv_format = "bshd", fp8_recipe = al.fp8.DelayedScaling{} }
+    assert.are.equal("cpu", name)
+    assert.truthy(text:find("the cpu backend emulates, the fused backend runs cuDNN's FP8 SDPA", 1, true), text)
+    -- with the plugin loaded, the fused line says why CPU tensors are not its own
+    if al.cuda.available() then assert.truthy(text:find("fused's FP8 path", 1, true) or text:find("FP8 path", 1, true), text) end
+  end)
+end)
