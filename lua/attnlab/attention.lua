@@ -18,6 +18,9 @@ select views received dq/dk/dv in place; query_layer + kv_layer; or the three se
 core_attention_bias (pre/post-scale bias) and softmax_offset (learnable softmax) where they apply.
 Dropout draws (seed, offset) from the default generator (al.manual_seed) unless dropout_seed /
 dropout_offset are given; the backward reuses the forward's mask exactly.
+Variants (docs/VARIANTS.md): score_mod / mask_mod / block_mask are traced by attnlab.variants; CPU
+tensors run its Lua oracle, CUDA tensors the C backends with an al_attn_variant (flash serves it);
+the backward adds grads.captures (gradients of al.attention.param captures).
 ]]
 local lffi = require "attnlab.ffi"
 local T = require "attnlab.tensor"
@@ -31,6 +34,7 @@ local MASKS = { no_mask = 0, padding = 1, causal = 2, padding_causal = 3, causal
 local MASK_ALIASES = { ["padding,causal"] = "padding_causal", ["causal,padding"] = "padding_causal",
   causal_padding = "padding_causal", ["padding,causal_bottom_right"] = "padding_causal_bottom_right",
   ["causal_bottom_right,padding"] = "padding_causal_bottom_right" }
+local CAUSAL = { causal = true, padding_causal = true, causal_bottom_right = true, padding_causal_bottom_right = true }
 local BIASES = { no_bias = 0, pre_scale_bias = 1, post_scale_bias = 2, alibi = 3 }
 local SOFTMAX = { vanilla = 0, ["off-by-one"] = 1, off_by_one = 1, learnable = 2 }
 M.FORMATS, M.MASKS, M.BIASES, M.SOFTMAX = FORMATS, MASKS, BIASES, SOFTMAX
@@ -60,17 +64,61 @@ local function check_tensor_arg(fname, name, x)
   if x ~= nil and not is_tensor(x) then error(fname .. ": " .. name .. ": expected a tensor, got " .. type(x), 3) end
 end
 
+-- One argument table for unpack_qkv, refilled per call and emptied after it: a fresh table per call would
+-- be rescanned for unknown names (pairs(), not compiled) every time (bench/host_overhead.lua).
+local UARGS = {}
+local layout_mod -- attnlab.layout, cached (require is a C function: it would end the trace)
+
+-- The select views of a packed qkv_layer, remembered per buffer handle (weak keys) with a byte copy of
+-- the handle's descriptor and the arguments that shaped them: a buffer passed again unchanged (same
+-- descriptor, qkv_interleave_dim, qkv_format; no other input tensor, no KV cache) reuses its views
+-- instead of three new handles and a C call; any change re-unpacks (and re-validates) through C.
+local VIEWS = setmetatable({}, { __mode = "k" })
+pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
+local TENSOR_BYTES = ffi.sizeof("al_tensor")
+
+local function cached_views(args, fmt)
+  local qkv = args.qkv_layer
+  if qkv == nil or args.kv_layer ~= nil or args.query_layer ~= nil or args.key_layer ~= nil or
+    args.value_layer ~= nil or args.inference_params ~= nil or not is_tensor(qkv) then return nil end
+  local e = VIEWS[qkv]
+  if e ~= nil and e.dim == (args.qkv_interleave_dim or -3) and e.fmt == fmt and
+    C.memcmp(e.snap, qkv.raw, TENSOR_BYTES) == 0 then
+    return e
+  end
+  return nil
+end
+
+local function remember_views(args, fmt, q, k, v, layout)
+  local qkv = args.qkv_layer
+  if qkv == nil or args.kv_layer ~= nil or args.query_layer ~= nil or args.key_layer ~= nil or
+    args.value_layer ~= nil or args.inference_params ~= nil then return end
+  local e = VIEWS[qkv]
+  if e == nil then
+    e = { snap = ffi.new("al_tensor") }
+    VIEWS[qkv] = e
+  end
+  ffi.copy(e.snap, qkv.raw, TENSOR_BYTES) -- bytes only: the snapshot owns no storage reference
+  e.dim, e.fmt, e.q, e.k, e.v, e.layout = args.qkv_interleave_dim or -3, fmt, q, k, v, layout
+end
+M._views_cache = VIEWS -- for tests
+
 -- level: frames from unpack_inputs up to the user's call (for the deprecation warning's location)
 local function unpack_inputs(al, fname, args, fmt, level)
   local A = al.attention
   if args.qkv_layer ~= nil or args.kv_layer ~= nil then
+    local e = cached_views(args, fmt)
+    if e ~= nil then return e.q, e.k, e.v, e.layout, "qkv" end
     check_tensor_arg(fname, "qkv_layer", args.qkv_layer)
     check_tensor_arg(fname, "kv_layer", args.kv_layer)
-    local uargs = { qkv_layer = args.qkv_layer, kv_layer = args.kv_layer, query_layer = args.query_layer,
-      key_layer = args.key_layer, value_layer = args.value_layer,
-      qkv_interleave_dim = args.qkv_interleave_dim or -3, qkv_format = fmt,
-      inference_params = args.inference_params }
-    local q, k, v, layout = A.unpack_qkv(uargs)
+    local u = UARGS
+    u.qkv_layer, u.kv_layer, u.query_layer = args.qkv_layer, args.kv_layer, args.query_layer
+    u.key_layer, u.value_layer = args.key_layer, args.value_layer
+    u.qkv_interleave_dim, u.qkv_format = args.qkv_interleave_dim or -3, fmt
+    u.inference_params = args.inference_params
+    local q, k, v, layout = A.unpack_qkv(u) -- (after an error the next call refills u)
+    u.qkv_layer, u.kv_layer, u.query_layer, u.key_layer, u.value_layer, u.inference_params = nil, nil, nil, nil, nil, nil
+    remember_views(args, fmt, q, k, v, layout)
     return q, k, v, layout, args.qkv_layer and "qkv" or "kv"
   end
   local q, k, v = args.query_layer, args.key_layer, args.value_layer
@@ -81,7 +129,8 @@ local function unpack_inputs(al, fname, args, fmt, level)
   check_tensor_arg(fname, "query_layer", q)
   check_tensor_arg(fname, "key_layer", k)
   check_tensor_arg(fname, "value_layer", v)
-  local layout = require("attnlab.layout").detect(q, k, v, fmt, args.inference_params, level or 1)
+  layout_mod = layout_mod or require("attnlab.layout")
+  local layout = layout_mod.detect(q, k, v, fmt, args.inference_params, level or 1)
   return q, k, v, layout, "separate"
 end
 
@@ -94,7 +143,7 @@ local function window(al, fname, mask_name, ws)
   if ws == nil then wl, wr = -1, -1
   elseif type(ws) == "table" and #ws == 2 and type(ws[1]) == "number" and type(ws[2]) == "number" then wl, wr = ws[1], ws[2]
   else error(fname .. ": window_size: expected {left, right} (numbers, -1 = unbounded), got " .. tostring(ws), 3) end
-  if mask_name:find("causal", 1, true) then
+  if CAUSAL[mask_name] then
     if ws == nil or (wl == -1 and wr == -1) then wl, wr = -1, 0
     elseif wl >= 0 and wr ~= 0 then
       warn(al, "UserWarning", "window_size should be (-1, 0) or (>=0, 0) for attn_mask_type=" .. mask_name ..
@@ -112,22 +161,33 @@ local function window(al, fname, mask_name, ws)
 end
 
 local BACKEND_LEN = 16
+local NO_DEFAULTS = setmetatable({}, { __newindex = function() error("attention: NO_DEFAULTS is read-only", 2) end })
+
+-- Plain functions rather than closures in build(): creating a closure (bytecode FNEW) is not compiled by
+-- LuaJIT and drags every call into the interpreter (bench/host_overhead.lua, phase (a)).
+local function getarg(args, defaults, name, dflt)
+  local v = args[name]
+  if v == nil then v = defaults[name] end
+  if v == nil then v = dflt end
+  return v
+end
+
+local function set_opt(fname, inp, refs, field, name, x)
+  if x == nil then return end
+  check_tensor_arg(fname, name, x)
+  refs[field] = x
+  inp[field] = x.raw
+end
 
 local function build(al, fname, args, defaults, level)
   if type(args) ~= "table" then error(fname .. ": expected a table of named arguments, got " .. type(args), 3) end
-  defaults = defaults or {}
-  local function arg(name, dflt)
-    local v = args[name]
-    if v == nil then v = defaults[name] end
-    if v == nil then v = dflt end
-    return v
-  end
-  local fmt_name = arg("qkv_format", "sbhd")
+  defaults = defaults or NO_DEFAULTS
+  local fmt_name = getarg(args, defaults, "qkv_format", "sbhd")
   local fmt = enum(fname, "qkv_format", FORMATS, fmt_name)
   local q, k, v, layout, mode = unpack_inputs(al, fname, args, fmt_name, (level or 3) + 2)
-  local mask_code, mask_name = enum(fname, "attn_mask_type", MASKS, arg("attn_mask_type", "causal"), MASK_ALIASES)
-  local bias_code = enum(fname, "core_attention_bias_type", BIASES, arg("core_attention_bias_type", "no_bias"))
-  local sm_code = enum(fname, "softmax_type", SOFTMAX, arg("softmax_type", "vanilla"))
+  local mask_code, mask_name = enum(fname, "attn_mask_type", MASKS, getarg(args, defaults, "attn_mask_type", "causal"), MASK_ALIASES)
+  local bias_code = enum(fname, "core_attention_bias_type", BIASES, getarg(args, defaults, "core_attention_bias_type", "no_bias"))
+  local sm_code = enum(fname, "softmax_type", SOFTMAX, getarg(args, defaults, "softmax_type", "vanilla"))
 
   local p = ffi.new("al_attn_params")
   C.al_attn_params_init(p)
@@ -135,82 +195,86 @@ local function build(al, fname, args, defaults, level)
   p.mask_type = mask_code
   p.bias_type = bias_code
   p.softmax_type = sm_code
-  local wl, wr = window(al, fname, mask_name, arg("window_size"))
+  local wl, wr = window(al, fname, mask_name, getarg(args, defaults, "window_size"))
   p.window_left, p.window_right = wl, wr
-  local brd = arg("bottom_right_diagonal")
+  local brd = getarg(args, defaults, "bottom_right_diagonal")
   if brd ~= nil then p.bottom_right_diagonal = brd and 1 or 0 end
-  local scale = arg("softmax_scale")
+  local scale = getarg(args, defaults, "softmax_scale")
   if scale ~= nil then
     if type(scale) ~= "number" or scale == 0 then error(fname .. ": softmax_scale: expected a non-zero number, got " .. tostring(scale), 3) end
     p.softmax_scale = scale
   end
-  local dropout = arg("attention_dropout", 0)
+  local dropout = getarg(args, defaults, "attention_dropout", 0)
   if type(dropout) ~= "number" or dropout < 0 or dropout >= 1 then
     error(fname .. ": attention_dropout: expected a number in [0, 1), got " .. tostring(dropout), 3)
   end
   p.dropout_p = dropout
-  p.return_max_logit = arg("return_max_logit", false) and 1 or 0
-  p.deterministic = arg("deterministic", false) and 1 or 0
-  local cd = arg("compute_dtype", "f32")
+  p.return_max_logit = getarg(args, defaults, "return_max_logit", false) and 1 or 0
+  p.deterministic = getarg(args, defaults, "deterministic", false) and 1 or 0
+  local cd = getarg(args, defaults, "compute_dtype", "f32")
   if cd ~= "f32" and cd ~= "f64" then error(fname .. ": compute_dtype: expected 'f32' or 'f64', got " .. tostring(cd), 3) end
   p.compute_dtype = cd == "f64" and 1 or 0
-  local be = arg("backend")
+  local be = getarg(args, defaults, "backend")
   if be ~= nil then
     if type(be) ~= "string" or #be >= BACKEND_LEN then error(fname .. ": backend: expected 'cpu', 'unfused', 'flash' or 'fused', got " .. tostring(be), 3) end
     ffi.copy(p.backend, be)
   end
-  local msq, mskv = arg("max_seqlen_q"), arg("max_seqlen_kv")
+  local msq, mskv = getarg(args, defaults, "max_seqlen_q"), getarg(args, defaults, "max_seqlen_kv")
   if fmt_name == "thd" then
     if msq ~= nil then p.sq = msq end
     if mskv ~= nil then p.skv = mskv end
   end
 
   -- head counts against the module's configuration
-  local nd = q:dim()
-  local h, hg = q:size(nd - 1), k:size(nd - 1)
-  local nh, ng = arg("num_attention_heads"), arg("num_gqa_groups")
+  -- (read off the descriptors: methods:size() gets blacklisted by the JIT when called with and without a
+  -- dim, and every trace through it then aborts; released or odd-ranked tensors take the method path)
+  local qr, kr, vr = q.raw, k.raw, v.raw
+  local nd = qr.ndim
+  local fast = nd >= 2 and kr.ndim == nd and vr.ndim == nd and qr.storage ~= nil and kr.storage ~= nil and
+    vr.storage ~= nil
+  local h, hg
+  if fast then h, hg = tonumber(qr.size[nd - 2]), tonumber(kr.size[nd - 2])
+  else nd = q:dim(); h, hg = q:size(nd - 1), k:size(nd - 1) end
+  local nh, ng = getarg(args, defaults, "num_attention_heads"), getarg(args, defaults, "num_gqa_groups")
   if nh ~= nil and h ~= nh then
     error(string.format("%s: query_layer has %d heads, expected num_attention_heads = %d", fname, h, nh), 3)
   end
   if ng ~= nil and hg ~= ng then
     error(string.format("%s: Keys and values must have num_gqa_group = %d heads, got %d", fname, ng, hg), 3)
   end
-  local kvc = arg("kv_channels")
+  local kvc = getarg(args, defaults, "kv_channels")
   if kvc ~= nil then
     local dqk, dv = kvc, kvc
     if type(kvc) == "table" then dqk, dv = kvc[1], kvc[2] end
-    if q:size(-1) ~= dqk or k:size(-1) ~= dqk then
-      error(string.format("%s: query/key head dim must equal kv_channels d_qk = %d, got %d and %d", fname, dqk, q:size(-1), k:size(-1)), 3)
+    local gq, gk, gv
+    if fast then gq, gk, gv = tonumber(qr.size[nd - 1]), tonumber(kr.size[nd - 1]), tonumber(vr.size[nd - 1])
+    else gq, gk, gv = q:size(-1), k:size(-1), v:size(-1) end
+    if gq ~= dqk or gk ~= dqk then
+      error(string.format("%s: query/key head dim must equal kv_channels d_qk = %d, got %d and %d", fname, dqk, gq, gk), 3)
     end
-    if v:size(-1) ~= dv then
-      error(string.format("%s: value head dim must equal kv_channels d_v = %d, got %d", fname, dv, v:size(-1)), 3)
+    if gv ~= dv then
+      error(string.format("%s: value head dim must equal kv_channels d_v = %d, got %d", fname, dv, gv), 3)
     end
   end
 
   local refs = { q = q, k = k, v = v }
   local inp = ffi.new("al_attn_inputs")
   inp.q, inp.k, inp.v = q.raw, k.raw, v.raw
-  local function opt(field, name, x)
-    if x == nil then return end
-    check_tensor_arg(fname, name, x)
-    refs[field] = x
-    inp[field] = x.raw
-  end
-  opt("cu_seqlens_q", "cu_seqlens_q", args.cu_seqlens_q)
-  opt("cu_seqlens_kv", "cu_seqlens_kv", args.cu_seqlens_kv)
-  opt("cu_seqlens_q_padded", "cu_seqlens_q_padded", args.cu_seqlens_q_padded)
-  opt("cu_seqlens_kv_padded", "cu_seqlens_kv_padded", args.cu_seqlens_kv_padded)
+  set_opt(fname, inp, refs, "cu_seqlens_q", "cu_seqlens_q", args.cu_seqlens_q)
+  set_opt(fname, inp, refs, "cu_seqlens_kv", "cu_seqlens_kv", args.cu_seqlens_kv)
+  set_opt(fname, inp, refs, "cu_seqlens_q_padded", "cu_seqlens_q_padded", args.cu_seqlens_q_padded)
+  set_opt(fname, inp, refs, "cu_seqlens_kv_padded", "cu_seqlens_kv_padded", args.cu_seqlens_kv_padded)
   local am = args.attention_mask
   if type(am) == "table" then
     if #am ~= 2 then error(fname .. ": attention_mask: expected a tensor or {q_mask, kv_mask}", 3) end
-    opt("attention_mask", "attention_mask[1]", am[1])
-    opt("attention_mask_kv", "attention_mask[2]", am[2])
+    set_opt(fname, inp, refs, "attention_mask", "attention_mask[1]", am[1])
+    set_opt(fname, inp, refs, "attention_mask_kv", "attention_mask[2]", am[2])
   else
-    opt("attention_mask", "attention_mask", am)
+    set_opt(fname, inp, refs, "attention_mask", "attention_mask", am)
   end
-  opt("bias", "core_attention_bias", args.core_attention_bias)
-  opt("alibi_slopes", "alibi_slopes", args.alibi_slopes)
-  opt("softmax_offset", "softmax_offset", arg("softmax_offset"))
+  set_opt(fname, inp, refs, "bias", "core_attention_bias", args.core_attention_bias)
+  set_opt(fname, inp, refs, "alibi_slopes", "alibi_slopes", args.alibi_slopes)
+  set_opt(fname, inp, refs, "softmax_offset", "softmax_offset", getarg(args, defaults, "softmax_offset"))
 
   -- dropout stream: (seed, offset) from the default generator, counters reserved for b*h*sq*skv
   if dropout > 0 then
@@ -243,13 +307,16 @@ end
 ---------------------------------------------------------------------------------------------------
 -- forward / backward / explain
 ---------------------------------------------------------------------------------------------------
+local flat_size = ffi.new("int64_t[8]")
+-- out [..., h, d_v] -> [..., h*d_v]: one C call, no size table (out is the backends' contiguous result)
 local function flatten(out, fmt_name)
-  local s = out:size()
-  local n = #s
-  local fs = {}
-  for i = 1, n - 2 do fs[i] = s[i] end
-  fs[n - 1] = s[n - 1] * s[n]
-  return out:view(fs)
+  local r = out.raw
+  local n = r.ndim
+  for i = 0, n - 3 do flat_size[i] = r.size[i] end
+  flat_size[n - 2] = r.size[n - 2] * r.size[n - 1]
+  local f = T.new()
+  T.check(C.al_tensor_view(f.raw, r, n - 1, flat_size), "attention.forward")
+  return f
 end
 
 -- FP8: the recipe that applies (fp8_recipe argument, the module's, or al.fp8.autocast's; false = none);
@@ -271,13 +338,107 @@ local function apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, d
   return { recipe = r, f = f, post = post, module = fp8 }
 end
 
+---------------------------------------------------------------------------------------------------
+-- variants (score_mod / mask_mod / block_mask, lua/attnlab/variants.lua): the CPU runs the Lua
+-- oracle; CUDA tensors go to the C backends with an al_attn_variant (only flash serves it)
+---------------------------------------------------------------------------------------------------
+local variants_mod
+local function variant_args(args, defaults)
+  local sm, mm, bm = args.score_mod, args.mask_mod, args.block_mask
+  if sm == nil then sm = defaults and defaults.score_mod end
+  if mm == nil then mm = defaults and defaults.mask_mod end
+  if bm == nil then bm = defaults and defaults.block_mask end
+  if sm == nil and mm == nil and bm == nil then return nil end
+  return sm or nil, mm or nil, bm or nil
+end
+
+-- the al_attn_variant for C (its strings, captures and block mask are kept alive in `keep`)
+local function cuda_variant(al, fname, v, q, bm, keep)
+  local vs = ffi.new("al_attn_variant")
+  keep[#keep + 1] = vs
+  local function cstr(x)
+    if x == nil then return nil end
+    local b = ffi.new("char[?]", #x + 1, x)
+    keep[#keep + 1] = b
+    return b
+  end
+  vs.score_mod, vs.score_grad, vs.mask_mod = cstr(v.cuda_score_mod), cstr(v.cuda_score_grad), cstr(v.cuda_mask_mod)
+  vs.capture_grad, vs.prelude = cstr(v.cuda_capture_grad), cstr(v.cuda_prelude)
+  local ncap = #v.captures
+  if ncap > C.AL_ATTN_VARIANT_MAX_CAPTURES then
+    error(string.format("%s: score_mod / mask_mod capture %d tensors, at most %d are supported", fname, ncap,
+      C.AL_ATTN_VARIANT_MAX_CAPTURES), 0)
+  end
+  vs.ncaptures = ncap
+  local dev = q:device()
+  -- captures: contiguous f32 (float dtypes) or i32 (integer dtypes) copies on q's device
+  for i, rec in ipairs(v.captures) do
+    local t = rec.tensor:to({ dtype = rec.kind == "i" and "i32" or "f32", device = dev }):contiguous()
+    keep[#keep + 1] = t
+    vs.captures[i - 1] = t.raw
+  end
+  if bm then
+    local t = bm:on(dev)
+    keep[#keep + 1] = t
+    vs.block_mask = t.raw
+    vs.block_m, vs.block_n = bm.block_m, bm.block_n
+  end
+  return vs
+end
+
+local function forward_variant(al, fname, args, defaults, sm, mm, bm, level)
+  variants_mod = variants_mod or require "attnlab.variants"
+  local V = variants_mod
+  local p, inp, refs, layout, mode, fmt_name = build(al, fname, args, defaults, level + 1)
+  local r8 = args.fp8_recipe
+  if r8 == nil and defaults then r8 = defaults.fp8_recipe end
+  local fp8 = package.loaded["attnlab.fp8"]
+  if r8 == nil and fp8 then r8 = fp8.active_recipe() end
+  if r8 then error(fname .. ": fp8_recipe: score_mod / mask_mod variants do not support FP8", level) end
+  local ok, err = pcall(V.oracle_check, fname, p, inp, args, defaults)
+  if not ok then error(err, level) end
+  local v
+  ok, v = pcall(V.build, al, sm, mm, fname)
+  if not ok then error(v, level) end
+  local ctx = { params = p, inputs = inp, refs = refs, layout = layout, mode = mode, qkv_format = fmt_name,
+    args = args, qkv_interleave_dim = args.qkv_interleave_dim or -3, variant = v, block_mask = bm, captures = {} }
+  for i, rec in ipairs(v.captures) do ctx.captures[i] = rec.tensor end
+  local out, lse
+  if not refs.q:is_cuda() then
+    local st
+    ok, out, lse, st = pcall(V.oracle_forward, al, v, p, inp, refs, fmt_name, bm)
+    if not ok then error(out, level) end
+    ctx.oracle = st
+  else
+    if bm then
+      ok, err = pcall(V.check_block_mask, fname, bm, bm.B, bm.H, bm.Sq, bm.Skv)
+      if not ok then error(err, level) end
+    end
+    ctx.keep = {}
+    ok, err = pcall(cuda_variant, al, fname, v, refs.q, bm, ctx.keep)
+    if not ok then error(err, level) end
+    inp.variant = err
+    ctx.cvariant = err
+    out, lse = T.new(), T.new()
+    T.check(C.al_attn_forward(p, inp, out.raw, lse.raw, nil), fname)
+    T.after_alloc()
+  end
+  ctx.out, ctx.lse = out, lse
+  return flatten(out, fmt_name), ctx
+end
+
 -- level: frames from M.forward up to the user's call
 function M.forward(al, args, defaults, level)
   local fname = "attention.forward"
+  if type(args) == "table" then
+    local sm, mm, bm = variant_args(args, defaults)
+    if sm or mm or bm then return forward_variant(al, fname, args, defaults, sm, mm, bm, (level or 2) + 1) end
+  end
   local p, inp, refs, layout, mode, fmt_name = build(al, fname, args, defaults, (level or 2) + 1)
   local f8 = apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, false)
-  local out, lse, ml = T.new(), T.new(), T.new()
-  T.check(C.al_attn_forward(p, inp, out.raw, lse.raw, p.return_max_logit ~= 0 and ml.raw or nil), fname)
+  local out, lse = T.new(), T.new()
+  local ml = p.return_max_logit ~= 0 and T.new() or nil
+  T.check(C.al_attn_forward(p, inp, out.raw, lse.raw, ml and ml.raw or nil), fname)
   T.after_alloc()
   if f8 then out = f8.module.finish_forward(al, f8.recipe, f8.f, out, f8.post) end
   local ctx = { params = p, inputs = inp, refs = refs, layout = layout, mode = mode, qkv_format = fmt_name,
@@ -326,6 +487,42 @@ function M.backward(al, ctx, dout)
     dq, dk, dv = zeros_like(al, refs.q), zeros_like(al, refs.k), zeros_like(al, refs.v)
     grads.query_layer, grads.key_layer, grads.value_layer = dq, dk, dv
   end
+  if ctx.variant then
+    local v = ctx.variant
+    local cg
+    if ctx.oracle then
+      local ok, r = pcall(variants_mod.oracle_backward, al, v, ctx.oracle, d4, dq, dk, dv)
+      if not ok then error(r, 2) end
+      cg = r
+    else
+      -- capture gradients: f32 accumulators, zeroed here (the kernels only add)
+      cg = {}
+      local vs = ctx.cvariant
+      for i, rec in ipairs(v.captures) do
+        if rec.requires_grad and v.has_cap_grad then
+          local g = al.zeros(rec.shape, { dtype = "f32", device = refs.q:device() })
+          cg[i] = g
+          vs.capture_grads[i - 1] = g.raw
+        else
+          vs.capture_grads[i - 1] = nil
+        end
+      end
+      T.check(C.al_attn_backward(ctx.params, ctx.inputs, out.raw, d4.raw, ctx.lse.raw, dq.raw, dk.raw, dv.raw,
+        nil, nil), fname)
+      for i = 0, #v.captures - 1 do vs.capture_grads[i] = nil end
+    end
+    -- grads.captures[i] <-> ctx.captures[i] (false when not an al.attention.param), also keyed by the tensor;
+    -- f32 on q's device (f64 from the CPU oracle under compute_dtype = "f64")
+    local caps = {}
+    for i, rec in ipairs(v.captures) do
+      local g = cg[i]
+      if rec.requires_grad and g == nil then g = al.zeros(rec.shape, { dtype = "f32", device = refs.q:device() }) end
+      caps[i] = g or false
+      if g then caps[rec.tensor] = g end
+    end
+    grads.captures = caps
+    return grads
+  end
   local db, doff = T.new(), T.new()
   local f8, do_done = ctx.fp8, false
   if f8 then d4, do_done = f8.module.prepare_backward(al, f8.recipe, f8.f, d4) end
@@ -337,8 +534,41 @@ function M.backward(al, ctx, dout)
   return grads
 end
 
+local function explain_variant(al, fname, args, defaults, sm, mm, bm, level)
+  variants_mod = variants_mod or require "attnlab.variants"
+  local p, inp, refs, layout = build(al, fname, args, defaults, level + 1)
+  local ok, v = pcall(variants_mod.build, al, sm, mm, fname)
+  if not ok then error(v, level) end
+  local lines = { "layout " .. tostring(layout) }
+  local desc = tostring(v):gsub("^attention variant", "variant (score_mod / mask_mod):")
+  if not refs.q:is_cuda() then
+    local okc, err = pcall(variants_mod.oracle_check, fname, p, inp, args, defaults)
+    lines[#lines + 1] = desc
+    if bm then lines[#lines + 1] = "block mask: " .. tostring(bm):gsub("\n.*", "") end
+    if okc then
+      lines[#lines + 1] = "cpu tensors: served by the Lua oracle (attnlab.variants: generated Lua compiled by LuaJIT, f64)"
+      return table.concat(lines, "\n") .. "\n", "variants-oracle"
+    end
+    lines[#lines + 1] = "error: " .. tostring(err)
+    return table.concat(lines, "\n") .. "\n", nil
+  end
+  local keep = {}
+  inp.variant = cuda_variant(al, fname, v, refs.q, bm, keep)
+  local buf = ffi.new("char[?]", 8192)
+  local name = C.al_attn_explain(p, inp, buf, 8192)
+  lines[#lines + 1] = desc
+  if bm then lines[#lines + 1] = "block mask: " .. tostring(bm):gsub("\n.*", "") end
+  local text = table.concat(lines, "\n") .. "\n" .. ffi.string(buf)
+  if name == nil and text:find("error:", 1, true) == nil then text = text .. "error: " .. T.last_error() .. "\n" end
+  return text, name ~= nil and ffi.string(name) or nil
+end
+
 function M.explain(al, args, defaults, level)
   local fname = "attention.explain"
+  if type(args) == "table" then
+    local sm, mm, bm = variant_args(args, defaults)
+    if sm or mm or bm then return explain_variant(al, fname, args, defaults, sm, mm, bm, (level or 2) + 1) end
+  end
   local p, inp, refs, layout, mode, fmt_name = build(al, fname, args, defaults, (level or 2) + 1)
   local f8 = apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, true)
   local buf = ffi.new("char[?]", 8192)
@@ -385,6 +615,12 @@ function M.install(al)
   A._forward_with = function(args, defaults, level)
     local a, b, c = M.forward(al, args, defaults, (level or 1) + 1)
     return a, b, c
+  end
+  -- for bench/host_overhead.lua: the Lua front end alone (everything forward does before the C call)
+  A._prepare = function(args, defaults)
+    local p, inp, refs, layout, mode, fmt_name = build(al, "attention.forward", args, defaults, 2)
+    apply_fp8(al, "attention.forward", args, defaults, inp, refs, mode, fmt_name, false)
+    return p, inp, refs
   end
   A._explain_with = function(args, defaults, level)
     local a, b = M.explain(al, args, defaults, (level or 1) + 1)

@@ -7,7 +7,8 @@ attnlab — a LuaJIT-scriptable research sandbox for attention.
 
 The front end is split by job; each module's install(al) adds its part to the `al` table:
   tensor.lua (tensors, views, copies, cuda, memory) · math.lua · print.lua · warnings.lua ·
-  layout.lua (packed QKV/KV declaration, layout strings, legacy detection) · attention.lua · nn.lua
+  layout.lua (packed QKV/KV declaration, layout strings, legacy detection) · attention.lua ·
+  variants.lua (score_mod / mask_mod, block masks) · nn.lua
 The raw C namespace stays reachable as al.C, and the FFI module as al.ffi.
 ]]
 local lffi = require "attnlab.ffi"
@@ -20,7 +21,7 @@ al.version = lffi.ffi.string(lffi.C.al_version())
 -- Modules in dependency order. A module that is not present in this checkout is skipped; any other
 -- error while loading one is raised.
 local MODULES = { "attnlab.tensor", "attnlab.math", "attnlab.print", "attnlab.warnings", "attnlab.layout",
-  "attnlab.attention", "attnlab.nn", "attnlab.layers", "attnlab.mha", "attnlab.inference", "attnlab.optim",
+  "attnlab.attention", "attnlab.variants", "attnlab.nn", "attnlab.layers", "attnlab.mha", "attnlab.inference", "attnlab.optim",
   "attnlab.plot", "attnlab.progress", "attnlab.results", "attnlab.fp8" }
 
 for _, name in ipairs(MODULES) do

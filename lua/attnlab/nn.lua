@@ -9,7 +9,9 @@ attnlab.nn — Torch7-style modules. al.DotProductAttention mirrors TransformerE
   local params, grad_params = dpa:parameters()    -- the learnable softmax offset [h] (zeros, as TE)
 
 Per-call arguments (attn_mask_type, window_size, qkv_format, ...) override the module's settings, as
-in TE's forward. Dropout applies in training mode only (dpa:training() / dpa:evaluate(); training is
+in TE's forward. score_mod / mask_mod / block_mask (attention variants, docs/VARIANTS.md) are module
+arguments and per-call arguments alike (false in a call switches the module's off); the gradients of
+captured al.attention.param tensors come back in dpa.gradients.captures. Dropout applies in training mode only (dpa:training() / dpa:evaluate(); training is
 the default, as torch.nn). Gradients of the learnable offset accumulate into dpa.grad_softmax_offset
 until dpa:zeroGradParameters().
 With inference_params (an al.nn.InferenceParams KV cache) the forward takes the path of
@@ -59,7 +61,14 @@ function M.install(al)
       softmax_scale = cfg.softmax_scale or 1 / math.sqrt(dqk), softmax_type = st,
       return_max_logit = cfg.return_max_logit or false, backend = cfg.backend, compute_dtype = cfg.compute_dtype,
       fp8_recipe = cfg.fp8_recipe, train = true,
+      score_mod = cfg.score_mod, mask_mod = cfg.mask_mod, block_mask = cfg.block_mask,
     }, DPA)
+    if cfg.score_mod ~= nil and type(cfg.score_mod) ~= "function" then
+      error(fname .. ": score_mod: expected a function(score, b, h, q_idx, kv_idx), got " .. type(cfg.score_mod), 2)
+    end
+    if cfg.mask_mod ~= nil and type(cfg.mask_mod) ~= "function" then
+      error(fname .. ": mask_mod: expected a function(b, h, q_idx, kv_idx), got " .. type(cfg.mask_mod), 2)
+    end
     if st ~= "vanilla" then
       -- TE: a zeros buffer (off-by-one) or an nn.Parameter initialised to zeros (learnable), shape [h]
       self.softmax_offset = al.zeros({ h }, { dtype = "f32" })
@@ -69,16 +78,20 @@ function M.install(al)
   end
 
   -- the module's settings as defaults for al.attention
+  -- (one table per module, refilled on every call from the current fields: settings changed between
+  -- calls are always seen, and a forward allocates no defaults table; bench/host_overhead.lua)
   function DPA:_defaults()
-    return {
-      qkv_format = self.qkv_format, attn_mask_type = self.attn_mask_type, window_size = self.window_size,
-      bottom_right_diagonal = self.bottom_right_diagonal, softmax_scale = self.softmax_scale,
-      softmax_type = self.softmax_type, softmax_offset = self.softmax_offset,
-      attention_dropout = self.train and self.attention_dropout or 0, return_max_logit = self.return_max_logit,
-      backend = self.backend, compute_dtype = self.compute_dtype,
-      num_attention_heads = self.num_attention_heads, num_gqa_groups = self.num_gqa_groups,
-      kv_channels = self.kv_channels, fp8_recipe = self.fp8_recipe,
-    }
+    local d = rawget(self, "_dflt")
+    if d == nil then d = {}; rawset(self, "_dflt", d) end
+    d.qkv_format, d.attn_mask_type, d.window_size = self.qkv_format, self.attn_mask_type, self.window_size
+    d.bottom_right_diagonal, d.softmax_scale = self.bottom_right_diagonal, self.softmax_scale
+    d.softmax_type, d.softmax_offset = self.softmax_type, self.softmax_offset
+    d.attention_dropout, d.return_max_logit = self.train and self.attention_dropout or 0, self.return_max_logit
+    d.backend, d.compute_dtype = self.backend, self.compute_dtype
+    d.num_attention_heads, d.num_gqa_groups = self.num_attention_heads, self.num_gqa_groups
+    d.kv_channels, d.fp8_recipe = self.kv_channels, self.fp8_recipe
+    d.score_mod, d.mask_mod, d.block_mask = self.score_mod, self.mask_mod, self.block_mask
+    return d
   end
 
   function DPA:forward(input)

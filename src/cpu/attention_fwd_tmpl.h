@@ -33,8 +33,10 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
     al_attn_acc_init(&av, pl->in.v, p->qkv_format);
     al_attn_acc_init(&ao, out, p->qkv_format);
     int failed = 0;
+    /* tiny calls run on the calling thread: waking the team costs more than the work (host_overhead.lua) */
+    const int par = ntasks > 1 && ntasks * AL_ATTN_BM * (SKV > 0 ? SKV : 1) * (DQK + DV) >= 65536;
 
-#pragma omp parallel
+#pragma omp parallel if (par)
     {
         const int tid = al_attn_thread();
         int64_t kvmax = SKV > 0 ? SKV : 1;

@@ -1,0 +1,129 @@
+--[[
+host_overhead.lua — where the host time of one attention call goes, phase by phase (issue 5's target:
+one cached fused call from Lua <= 5 us; PyTorch's SDPA call measured 15-18.5 us).
+
+  (a) front end   the Lua work before the C call: argument parsing, packed-input views, the params and
+                  inputs structs (al.attention._prepare, the part of forward before al_attn_forward)
+  (b) check       al_attn_check on those structs: C validation and plan building (no backend)
+  (c) cpu call    a full al.attention.forward on the cpu backend at a tiny shape: (a) + (b) + backend
+                  choice + output allocation + the (tiny) CPU kernel + the ctx; an upper bound of the
+                  host path that every backend shares
+  (d) gpu call    with a usable GPU: (a), (b) and the full cached call on cuda tensors for the fused
+                  and flash backends (bf16, 1x64x2x64 bs3hd causal, as attention_gpu_bench.lua), wall
+                  clock per call while issuing (the GPU queue absorbs the kernels) and including a
+                  final synchronize
+Each phase runs for N calls (default 10,000), best of 3 rounds, after a warm-up; the functional
+call (al.attention.forward with one argument table reused, as a training loop does) and the module
+call (al.DotProductAttention:forward) are both timed.
+
+Run: ATTNLAB_LIBDIR=lib LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/host_overhead.lua [N]
+With ATTNLAB_BENCH_OUT=/path the figures are also appended as JSON lines (kind = "host_phase").
+]]
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local al = require "attnlab"
+local ffi = require "ffi"
+local C = require("attnlab.ffi").C
+
+local N = tonumber(arg and arg[1]) or 10000
+local clock = al.clock
+local out_path = os.getenv("ATTNLAB_BENCH_OUT")
+local jf = out_path and assert(io.open(out_path, "a"))
+
+-- best of 3 rounds of N calls of fn(n) (fn runs its own loop: the loop is what gets compiled); returns
+-- wall-clock and process-CPU (os.clock) microseconds per call: on a shared, loaded machine the CPU
+-- time is the steadier figure (it excludes time spent waiting for a core)
+local function time(fn, sync)
+  fn(math.max(50, math.floor(N / 20)))
+  if sync then sync() end
+  collectgarbage()
+  local best, best_cpu = math.huge, math.huge
+  for _ = 1, 3 do
+    local t0, c0 = clock(), os.clock()
+    fn(N)
+    if sync then sync() end
+    local dt, dc = clock() - t0, os.clock() - c0
+    if dt < best then best = dt end
+    if dc < best_cpu then best_cpu = dc end
+  end
+  return best / N * 1e6, best_cpu / N * 1e6
+end
+
+local function row(device, phase, what, us, cpu_us)
+  print(string.format("  %-5s %-14s %-44s %8.3f us/call wall %8.3f us/call cpu", device, phase, what, us, cpu_us))
+  if jf then
+    jf:write(string.format('{"kind": "host_phase", "source": "attnlab", "device": "%s", "phase": "%s", "what": "%s", "us_per_call": %.4f, "cpu_us_per_call": %.4f, "calls": %d}\n',
+      device, phase, what, us, cpu_us, N))
+    jf:flush()
+  end
+end
+
+-- phases (a), (b) and the full call for one argument table; returns nothing (prints rows)
+local function phases(device, label, args, module_cfg, sync)
+  local prepare, forward = al.attention._prepare, al.attention.forward
+  row(device, "(a) front end", label, time(function(n)
+    for _ = 1, n do prepare(args) end
+  end))
+  local p, inp, refs = prepare(args)
+  row(device, "(b) check", label, time(function(n)
+    for _ = 1, n do C.al_attn_check(p, inp) end
+  end))
+  assert(refs)
+  local ok, err = pcall(forward, args)
+  if not ok then
+    print(string.format("  %-5s %-14s %-44s %s", device, "full call", label, tostring(err):sub(1, 120)))
+    return
+  end
+  row(device, "full call", label, time(function(n)
+    for _ = 1, n do forward(args) end
+  end, sync))
+  if module_cfg then
+    local dpa = al.DotProductAttention(module_cfg)
+    local margs = {}
+    for k, v in pairs(args) do
+      if k ~= "qkv_format" and k ~= "attn_mask_type" and k ~= "backend" then margs[k] = v end
+    end
+    dpa:evaluate()
+    row(device, "full call", "module  " .. label, time(function(n)
+      for _ = 1, n do dpa:forward(margs) end
+    end, sync))
+  end
+end
+
+print(string.format("host_overhead: %d calls per round, best of 3 (wall clock, al.clock)", N))
+
+-- CPU: the tiniest shapes; separate tensors and one packed buffer
+do
+  al.manual_seed(1)
+  local b, s, h, d = 1, 4, 2, 8
+  local q, k, v = al.randn({ b, s, h, d }), al.randn({ b, s, h, d }), al.randn({ b, s, h, d })
+  local qkv = al.randn({ b, s, 3, h, d })
+  local cfg = { num_attention_heads = h, kv_channels = d, qkv_format = "bshd", attn_mask_type = "causal", backend = "cpu" }
+  phases("cpu", "bshd separate 1x4x2x8 causal",
+    { query_layer = q, key_layer = k, value_layer = v, qkv_format = "bshd", attn_mask_type = "causal", backend = "cpu" }, cfg)
+  phases("cpu", "bs3hd packed 1x4x2x8 causal",
+    { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd", attn_mask_type = "causal", backend = "cpu" }, cfg)
+end
+
+-- GPU: the cached fused and flash calls (and the CPU-side phases on cuda tensors)
+if al.cuda and al.cuda.available() then
+  local sync = function() al.cuda.synchronize() end
+  local opts = { dtype = "bf16", device = "cuda" }
+  local qkv = al.randn({ 1, 64, 3, 2, 64 }, opts)
+  for _, be in ipairs({ "fused", "flash" }) do
+    local args = { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd", attn_mask_type = "causal", backend = be }
+    local ok, err = pcall(al.attention.forward, args)
+    if ok then
+      phases("cuda", be .. " bs3hd 1x64x2x64 causal", args,
+        { num_attention_heads = 2, kv_channels = 64, qkv_format = "bshd", attn_mask_type = "causal", backend = be }, sync)
+      local forward = al.attention.forward
+      row("cuda", "issue only", be .. " bs3hd 1x64x2x64 causal", time(function(n)
+        for _ = 1, n do forward(args) end
+      end))
+    else
+      print(string.format("  %-5s %-14s %-44s %s", "cuda", "full call", be, tostring(err):sub(1, 120)))
+    end
+  end
+else
+  print("  (no usable GPU: phase (d), the cached fused/flash call, is skipped)")
+end
+if jf then jf:close() end

@@ -1,0 +1,517 @@
+-- variants_spec.lua — attention variants (lua/attnlab/variants.lua): the tracer and its error
+-- messages, simplification and CUDA code generation, symbolic derivatives against finite
+-- differences, the CPU oracle against the built-in CPU backend where an equivalent exists (forward
+-- and every gradient, fresh random inputs), block masks against brute force, the attention /
+-- module integration, and (#gpu) the flash backend against the CPU oracle for every example variant.
+package.path = "tests/spec/?.lua;" .. package.path
+local al = require "attnlab"
+local V = require "attnlab.variants"
+
+local function rnd(shape, dtype) return al.randn(shape, { dtype = dtype or "f64" }) end
+local function copy(a, extra)
+  local t = {}
+  for k, v in pairs(a) do t[k] = v end
+  for k, v in pairs(extra or {}) do t[k] = v end
+  return t
+end
+local function err_of(f, ...)
+  local ok, e = pcall(f, ...)
+  assert(not ok, "expected an error")
+  return tostring(e)
+end
+local function src(args) return al.attention.variant(args):source() end
+
+-- bshd inputs b, s, h (hg), d
+local function inputs(o)
+  o = o or {}
+  local b, sq, skv, h, hg, d, dv = o.b or 2, o.sq or 7, o.skv or o.sq or 7, o.h or 4, o.hg or o.h or 4, o.d or 8, o.dv or 6
+  return { query_layer = rnd({ b, sq, h, d }), key_layer = rnd({ b, skv, hg, d }), value_layer = rnd({ b, skv, hg, dv }),
+    qkv_format = "bshd", attn_mask_type = "no_mask", compute_dtype = "f64" }
+end
+
+-- forward + backward of two calls with the same dout: every output and gradient must agree
+local function same(a1, a2, tol, keys)
+  tol = tol or 1e-12
+  local o1, c1 = al.attention.forward(a1)
+  local o2, c2 = al.attention.forward(a2)
+  assert(al.max_abs_diff(o1, o2) <= tol, "outputs differ: " .. al.max_abs_diff(o1, o2))
+  local l1, l2 = c1.lse:flat_values(), c2.lse:flat_values()
+  for i = 1, #l1 do
+    assert(l1[i] == l2[i] or math.abs(l1[i] - l2[i]) <= tol, "lse differs at " .. i .. ": " .. l1[i] .. " vs " .. l2[i])
+  end
+  local dout = rnd(o1:size())
+  local g1, g2 = al.attention.backward(c1, dout), al.attention.backward(c2, dout)
+  for _, k in ipairs(keys or { "query_layer", "key_layer", "value_layer" }) do
+    assert(g1[k] and g2[k], "missing gradient " .. k)
+    local d = al.max_abs_diff(g1[k], g2[k])
+    assert(d <= tol, k .. " differs by " .. d)
+  end
+  return o1, g1, g2, c1, c2
+end
+
+describe("variants: tracer and code generation", function()
+  it("prints score_mod / mask_mod as CUDA C with 0-based indices", function()
+    local slopes = al.tensor({ 0.5, 0.25, 0.125, 0.0625 })
+    local s = src({ score_mod = function(score, b, h, q, kv) return score - slopes[h] * al.abs(kv - q) end,
+      mask_mod = function(b, h, q, kv) return al.ge(q, kv) end })
+    assert.equal("(score - (((const float *)AL_CAP(0))[h] * al_v_iabs((kv_idx - q_idx))))", s.score_mod)
+    assert.is_nil(s.score_grad)                 -- additive: NULL = grad
+    assert.equal("(q_idx >= kv_idx)", s.mask_mod)  -- (q + 1) >= (kv + 1) normalised
+    assert.truthy(s.prelude:find("al_v_iabs", 1, true))
+    assert.is_nil(s.capture_grad)
+  end)
+
+  it("folds constants and keeps integer index arithmetic integer", function()
+    local bias = al.randn({ 3, 4, 5 })
+    local s = src({ score_mod = function(score, b, h, q, kv) return score * 1 + 2 * 3 + 0 * kv + bias[b][h][kv - q + 2] end })
+    assert.equal("((score + ((const float *)AL_CAP(0))[(((((b * 20) + (h * 5)) + kv_idx) - q_idx) + 1)]) + 6)", s.score_mod)
+    local s2 = src({ score_mod = function(score, b, h, q, kv) return score + (h + 1) - 1 - h end })
+    assert.is_nil(s2.score_mod)   -- the identity: no hook
+    local s3 = src({ score_mod = function(score, b, h, q, kv) return score / 4 + q / 2 end })
+    assert.equal("((score / 4.0f) + ((float)(q_idx + 1) / 2.0f))", s3.score_mod)
+  end)
+
+  it("integer captures are read as int, float ones as float; strides are contiguous", function()
+    local doc = al.tensor({ { 1, 1, 2 }, { 3, 3, 3 } }, { dtype = "i64" })
+    local s = src({ mask_mod = function(b, h, q, kv) return al.eq(doc[b][q], doc[b][kv]) end })
+    assert.equal("(((const int *)AL_CAP(0))[((b * 3) + q_idx)] == ((const int *)AL_CAP(0))[((b * 3) + kv_idx)])", s.mask_mod)
+  end)
+
+  it("derives score_grad for non-additive mods and capture_grad for parameters", function()
+    local s = src({ score_mod = function(score) return 30 * al.tanh(score / 30) end })
+    assert.equal("(grad * (1.0f - (tanhf((score / 30.0f)) * tanhf((score / 30.0f)))))", s.score_grad)
+    local w = al.attention.param(al.randn({ 4 }))
+    local s2 = src({ score_mod = function(score, b, h) return score * w[h] end })
+    assert.equal("(grad * ((const float *)AL_CAP(0))[h])", s2.score_grad)
+    assert.equal("{ atomicAdd(AL_CAP_GRAD(0) + h, (score * grad)); }", s2.capture_grad)
+  end)
+
+  it("where / land / lor / lnot / min / max / sqrt / exp / log / % / ^ generate C", function()
+    local s = src({ score_mod = function(score, b, h, q, kv)
+      return al.where(al.lor(al.lnot(al.lt(q, kv)), al.eq(q % 2, 0)), al.max(score, -5) ^ 2 + al.sqrt(al.exp(score)),
+        al.min(score, al.log(2 + kv)))
+    end })
+    for _, want in ipairs({ "?", "||", "!", "al_v_imod", "fmaxf", "sqrtf", "expf", "fminf", "logf" }) do
+      assert.truthy(s.score_mod:find(want, 1, true), want .. " missing in " .. s.score_mod)
+    end
+    assert.truthy(s.score_grad)
+  end)
+
+  it("explains unsupported constructs", function()
+    local t = al.randn({ 4 })
+    local cases = {
+      { function(s, b, h, q, kv) if al.lt(q, kv) then return s end return -math.huge end, "al.where" },
+      { function(s, b, h, q, kv) if q < kv then return s end return s end, "al.lt" },
+      { function(s, b, h, q, kv) return s + (q == kv and 1 or 0) end, nil },   -- == on sym vs sym raises
+      { function(s) return math.exp(s) end, "use al.exp" },
+      { function(s) return 2 ^ s + s ^ s end, "exponent" },
+      { function(s, b, h, q, kv) return t[q / 2] end, "integer expressions" },
+      { function(s) return s:exp() end, "al.exp(x)" },
+      { function(s, b, h) return t[h][h] end, "cannot be indexed" },
+      { function(s) end, "returned nothing" },
+      { function(s, b, h, q, kv) return al.lt(q, kv) and s or 0 end, "al.where" },
+      { function(s, b, h) return t[9] end, "outside 1..4" },
+      { function(s, b, h) return s + GLOBAL_T[h] end, "al.attention.capture" },
+    }
+    _G.GLOBAL_T = al.randn({ 4 })
+    for i, c in ipairs(cases) do
+      local e = err_of(al.attention.variant, { score_mod = c[1] })
+      assert.truthy(e:find("score_mod", 1, true), "case " .. i .. ": " .. e)
+      if c[2] then assert.truthy(e:find(c[2], 1, true), "case " .. i .. ": " .. e) end
+    end
+    _G.GLOBAL_T = nil
+    assert.truthy(err_of(al.attention.variant, { mask_mod = 3 }):find("mask_mod: expected a function", 1, true))
+    -- the explicit wrapper reaches what the upvalue scan cannot
+    local holder = { deep = { t = al.randn({ 4 }) } }
+    local w = al.attention.capture(holder.deep.t)
+    local s = src({ score_mod = function(score, b, h) return score + w[h] end })
+    assert.truthy(s.score_mod:find("AL_CAP(0)", 1, true))
+  end)
+
+  it("leaves the tensor functions of the same names working", function()
+    local x = al.tensor({ 0.5, -1, 2 }, { dtype = "f64" })
+    assert.are.same({ math.exp(0.5), math.exp(-1), math.exp(2) }, al.exp(x):flat_values())
+    assert.equal(math.exp(1), al.exp(1))
+    assert.equal(2, al.abs(-2))
+    assert.are.same({ 0, 1, 0 }, al.lt(x, 0):to("f64"):flat_values())
+    assert.is_true(al.lt(1, 2))
+    assert.are.same({ 0, -1, 0 }, al.min(x, al.zeros({ 3 }, { dtype = "f64" })):flat_values())
+    assert.equal(3, al.max(1, 3))
+    assert.are.same({ 0.5, 0, 2 }, al.where(al.gt(x, 0), x, 0):flat_values())
+    assert.equal(1, al.where(true, 1, 2))
+    assert.is_false(al.land(true, false))
+    assert.is_true(al.lor(0, 1))
+    assert.equal(math.sqrt(2), al.sqrt(2))
+  end)
+end)
+
+describe("variants: derivatives against finite differences (f64, CPU oracle)", function()
+  -- L = sum(out * W); central differences on q, k, v and every parameter capture
+  local function fd(args, params, stride)
+    local out, ctx = al.attention.forward(args)
+    local W = rnd(out:size())
+    local w = W:flat_values()
+    local g = al.attention.backward(ctx, W)
+    local function loss()
+      local o = al.attention.forward(args):flat_values()
+      local s = 0
+      for i = 1, #o do s = s + o[i] * w[i] end
+      return s
+    end
+    local n = 0
+    local function check(t, gt, name)
+      local flat = t:view(t:numel())
+      local gf = gt:to("f64"):contiguous():view(t:numel()):flat_values()
+      for i = 1, t:numel(), stride or 7 do
+        local e = flat:narrow(1, i, 1)
+        local x0 = e:item()
+        e:fill_(x0 + 1e-6)
+        local lp = loss()
+        e:fill_(x0 - 1e-6)
+        local lm = loss()
+        e:fill_(x0)
+        local f = (lp - lm) / 2e-6
+        assert(math.abs(f - gf[i]) <= 1e-6 + 1e-5 * math.abs(f),
+          string.format("%s[%d]: analytic %.10g vs finite difference %.10g", name, i, gf[i], f))
+        n = n + 1
+      end
+    end
+    check(args.query_layer, g.query_layer, "dq")
+    check(args.key_layer, g.key_layer, "dk")
+    check(args.value_layer, g.value_layer, "dv")
+    for _, p in ipairs(params or {}) do if g.captures[p] then check(p, g.captures[p], "dcapture") end end
+    return n
+  end
+
+  it("soft-capping, a multiplicative per-head temperature, exp/log/sqrt/min/max/where mixes", function()
+    al.manual_seed(11)
+    local temp = al.attention.param(rnd({ 4 }) * 0.3 + 1)
+    local bias = al.attention.param(rnd({ 4, 7 }))
+    local mods = {
+      function(s) return 3 * al.tanh(s / 3) end,
+      function(s, b, h) return s * temp[h] end,
+      function(s, b, h, q, kv) return al.where(al.ge(q, kv), al.max(s, -1) + al.sqrt(al.exp(s * 0.5) + 1), al.min(s, 0.5) * 2) end,
+      function(s, b, h, q, kv) return s + al.log(1 + bias[h][kv] * bias[h][kv]) - 0.1 * (s - bias[h][q]) ^ 2 end,
+      function(s, b, h, q, kv) return (s + 3) / (2 + al.abs(bias[h][kv])) end,
+    }
+    local n = 0
+    for _, m in ipairs(mods) do
+      local a = inputs({ b = 1, sq = 5, skv = 7, h = 4, hg = 2, d = 4, dv = 3 })
+      a.score_mod = m
+      n = n + fd(a, { temp, bias }, 5)
+    end
+    assert(n > 150, n)
+  end)
+end)
+
+describe("variants: the CPU oracle against the built-in CPU backend", function()
+  it("mask_mod causal == attn_mask_type causal (and bottom-right), with GQA and sq ~= skv", function()
+    al.manual_seed(1)
+    local a = inputs({ sq = 6, skv = 9, h = 6, hg = 2 })
+    same(copy(a, { attn_mask_type = "causal" }), copy(a, { mask_mod = function(b, h, q, kv) return al.ge(q, kv) end }))
+    same(copy(a, { attn_mask_type = "causal_bottom_right" }),
+      copy(a, { mask_mod = function(b, h, q, kv) return al.ge(q + 3, kv) end }))
+    -- mask_mod composes with the built-in causal mask (both must keep)
+    same(copy(a, { attn_mask_type = "causal", window_size = { 2, 0 } }),
+      copy(a, { attn_mask_type = "causal", mask_mod = function(b, h, q, kv) return al.le(q - kv, 2) end }))
+  end)
+
+  it("score_mod ALiBi == core_attention_bias_type alibi", function()
+    al.manual_seed(2)
+    local a = inputs({ h = 4 })
+    local slopes = al.tensor({ 0.3, 0.7, 1.1, 0.05 })
+    same(copy(a, { core_attention_bias_type = "alibi", alibi_slopes = slopes }),
+      copy(a, { score_mod = function(s, b, h, q, kv) return s - slopes[h] * al.abs(kv - q) end }))
+  end)
+
+  it("a learnable relative bias == post_scale_bias, and its gradient == dbias summed per distance", function()
+    al.manual_seed(3)
+    local S, H = 7, 4
+    local a = inputs({ sq = S, h = H })
+    local rel = al.attention.param(rnd({ H, 2 * S - 1 }))
+    local r, fb = rel:totable(), {}
+    for h = 1, H do fb[h] = {} for i = 1, S do fb[h][i] = {} for j = 1, S do fb[h][i][j] = r[h][j - i + S] end end end
+    local full = al.tensor({ fb }, { dtype = "f64" })
+    local _, g1, g2 = same(copy(a, { core_attention_bias_type = "post_scale_bias", core_attention_bias = full }),
+      copy(a, { score_mod = function(s, b, h, q, kv) return s + rel[h][kv - q + S] end }))
+    local db = g1.core_attention_bias:totable()[1]
+    local got = g2.captures[1]:totable()
+    assert.equal(g2.captures[1], g2.captures[rel])
+    for h = 1, H do
+      for d = 1, 2 * S - 1 do
+        local want = 0
+        for i = 1, S do local j = d - S + i if j >= 1 and j <= S then want = want + db[h][i][j] end end
+        assert(math.abs(got[h][d] - want) < 1e-12, string.format("drel[%d][%d] %g vs %g", h, d, got[h][d], want))
+      end
+    end
+  end)
+
+  it("sliding window mask_mod == window_size", function()
+    al.manual_seed(4)
+    local a = inputs({ sq = 12 })
+    same(copy(a, { attn_mask_type = "causal", window_size = { 3, 0 } }),
+      copy(a, { mask_mod = function(b, h, q, kv) return al.land(al.ge(q, kv), al.le(q - kv, 3)) end }))
+    same(copy(a, { window_size = { 2, 1 } }),
+      copy(a, { mask_mod = function(b, h, q, kv) return al.land(al.le(q - kv, 2), al.le(kv - q, 1)) end }))
+  end)
+
+  it("soft-capping == the naive formula (forward)", function()
+    al.manual_seed(5)
+    local a = inputs({ b = 1, sq = 6, skv = 8, h = 2, d = 8, dv = 8 })
+    local out = al.attention.forward(copy(a, { score_mod = function(s) return 1.5 * al.tanh(s / 1.5) end }))
+    local q, k, v = a.query_layer:permute(1, 3, 2, 4), a.key_layer:permute(1, 3, 2, 4), a.value_layer:permute(1, 3, 2, 4)
+    local s = al.matmul(q, k:transpose(3, 4)) * (1 / math.sqrt(8))
+    local ref = al.matmul((al.tanh(s * (1 / 1.5)) * 1.5):softmax(-1), v):permute(1, 3, 2, 4):contiguous():view(1, 6, 16)
+    assert(al.max_abs_diff(out, ref) < 1e-12)
+  end)
+
+  it("fully masked rows give zero output, lse -inf and zero gradients", function()
+    al.manual_seed(6)
+    local a = inputs({ sq = 5 })
+    local out, ctx = al.attention.forward(copy(a, { mask_mod = function(b, h, q, kv) return al.ne(q, 3) end }))
+    local o = out:view(2, 5, -1)
+    assert.equal(0, al.max_abs_diff(o:select(2, 3), al.zeros({ 2, o:size(3) }, { dtype = "f64" })))
+    assert.equal(-math.huge, ctx.lse:select(3, 3):flat_values()[1])
+    local g = al.attention.backward(ctx, rnd(out:size()))
+    assert.equal(0, g.query_layer:select(2, 3):abs():sum():item())
+  end)
+
+  it("sbhd, thd (cu_seqlens, padded offsets) and packed qkv_layer / kv_layer inputs", function()
+    al.manual_seed(7)
+    local causal = function(b, h, q, kv) return al.ge(q, kv) end
+    -- sbhd
+    local a = { query_layer = rnd({ 6, 2, 4, 8 }), key_layer = rnd({ 6, 2, 2, 8 }), value_layer = rnd({ 6, 2, 2, 8 }),
+      qkv_format = "sbhd", compute_dtype = "f64" }
+    same(copy(a, { attn_mask_type = "causal" }), copy(a, { attn_mask_type = "no_mask", mask_mod = causal }))
+    -- thd with gaps: 3 sequences of 3, 5, 2 tokens in slots of 4, 6, 3
+    local cu, cup = al.tensor({ 0, 3, 8, 10 }, { dtype = "i32" }), al.tensor({ 0, 4, 10, 13 }, { dtype = "i32" })
+    local t = { query_layer = rnd({ 13, 4, 8 }), key_layer = rnd({ 13, 4, 8 }), value_layer = rnd({ 13, 4, 8 }),
+      qkv_format = "thd", cu_seqlens_q = cu, cu_seqlens_kv = cu, cu_seqlens_q_padded = cup, cu_seqlens_kv_padded = cup,
+      compute_dtype = "f64" }
+    same(copy(t, { attn_mask_type = "padding_causal" }), copy(t, { attn_mask_type = "padding", mask_mod = causal }))
+    -- bshd padding from cu_seqlens
+    local p = copy(inputs({ sq = 6 }), { cu_seqlens_q = al.tensor({ 0, 4, 10 }, { dtype = "i32" }),
+      cu_seqlens_kv = al.tensor({ 0, 5, 11 }, { dtype = "i32" }) })
+    same(copy(p, { attn_mask_type = "padding_causal" }), copy(p, { attn_mask_type = "padding", mask_mod = causal }))
+    -- packed qkv_layer: one packed gradient
+    local qkv = rnd({ 2, 6, 3, 4, 8 })
+    local pa = { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd", compute_dtype = "f64" }
+    same(copy(pa, { attn_mask_type = "causal" }), copy(pa, { attn_mask_type = "no_mask", mask_mod = causal }), 1e-12,
+      { "qkv_layer" })
+    local kv = rnd({ 2, 6, 2, 2, 8 })
+    local ka = { query_layer = rnd({ 2, 6, 4, 8 }), kv_layer = kv, qkv_interleave_dim = -3, qkv_format = "bshd", compute_dtype = "f64" }
+    same(copy(ka, { attn_mask_type = "causal" }), copy(ka, { attn_mask_type = "no_mask", mask_mod = causal }), 1e-12,
+      { "query_layer", "kv_layer" })
+  end)
+
+  it("f32 and bf16 inputs give outputs in their dtype, close to f64", function()
+    al.manual_seed(8)
+    local a = inputs({})
+    local f = function(s, b, h, q, kv) return s - 0.1 * al.abs(kv - q) end
+    local ref = al.attention.forward(copy(a, { score_mod = f }))
+    for _, dt in ipairs({ "f32", "bf16" }) do
+      local o = al.attention.forward(copy(a, { score_mod = f, compute_dtype = "f32", query_layer = a.query_layer:to(dt),
+        key_layer = a.key_layer:to(dt), value_layer = a.value_layer:to(dt) }))
+      assert.equal(dt, o:dtype())
+      assert(al.max_abs_diff(o, ref) < (dt == "bf16" and 0.05 or 1e-5))
+    end
+  end)
+
+  it("errors name the argument: dropout, bias, softmax_type, arbitrary mask, padding mask, OOB capture reads", function()
+    local a = inputs({})
+    local f = function(s) return s * 2 end
+    local function e(extra) return err_of(al.attention.forward, copy(a, copy({ score_mod = f }, extra))) end
+    assert.truthy(e({ attention_dropout = 0.1 }):find("attention_dropout", 1, true))
+    assert.truthy(e({ core_attention_bias_type = "alibi" }):find("core_attention_bias_type", 1, true))
+    assert.truthy(e({ softmax_type = "off-by-one" }):find("softmax_type", 1, true))
+    assert.truthy(e({ attn_mask_type = "arbitrary", attention_mask = al.zeros({ 1, 1, 7, 7 }, { dtype = "u8" }) })
+      :find("attn_mask_type", 1, true))
+    assert.truthy(e({ attn_mask_type = "padding", attention_mask = al.zeros({ 2, 1, 1, 7 }, { dtype = "u8" }) })
+      :find("attention_mask", 1, true))
+    assert.truthy(e({ return_max_logit = true }):find("return_max_logit", 1, true))
+    local small = al.randn({ 5 })
+    local msg = e({ score_mod = function(s, b, h, q, kv) return s + small[kv] end })
+    assert.truthy(msg:find("captured tensor 1 (shape 5) read at index 6 on dim 1, outside 1..5", 1, true), msg)
+    assert.truthy(msg:find("kv_idx=6", 1, true), msg)
+    -- reads at masked positions are never evaluated on the CPU
+    al.attention.forward(copy(a, { score_mod = function(s, b, h, q, kv) return s + small[kv] end,
+      mask_mod = function(b, h, q, kv) return al.le(kv, 5) end }))
+  end)
+end)
+
+describe("variants: block masks", function()
+  -- brute force with the user's function on plain numbers (al.ge & co. compute on numbers)
+  local function brute(mm, B, H, Sq, Skv, bm, bn)
+    local out = {}
+    local mask = function(b, h, i, j)
+      local r = mm(b, h, i, j)
+      if type(r) == "boolean" then return r end
+      return r ~= 0
+    end
+    for b = 1, B do for h = 1, H do
+      for ti = 1, math.ceil(Sq / bm) do for tj = 1, math.ceil(Skv / bn) do
+        local keep, drop = false, false
+        for i = (ti - 1) * bm + 1, math.min(Sq, ti * bm) do
+          for j = (tj - 1) * bn + 1, math.min(Skv, tj * bn) do
+            if mask(b, h, i, j) then keep = true else drop = true end
+          end
+        end
+        out[#out + 1] = (keep and drop) and 1 or (keep and 2 or 0)
+      end end
+    end end
+    return out
+  end
+  local docs = { {}, {} }
+  for i = 1, 40 do docs[1][i] = math.floor((i - 1) / 9); docs[2][i] = math.floor((i - 1) / 13) + 5 end
+  local doc = al.tensor(docs, { dtype = "i32" })
+  local doc_t = doc:totable()
+  local masks = {
+    causal = { function(b, h, q, kv) return al.ge(q, kv) end, false, false },
+    window = { function(b, h, q, kv) return al.land(al.ge(q, kv), al.le(q - kv, 5)) end, false, false },
+    prefix = { function(b, h, q, kv) return al.lor(al.le(kv, 6), al.ge(q, kv)) end, false, false },
+    head = { function(b, h, q, kv) return al.ge(q + h * 4, kv) end, false, true },
+    -- the document mask reads the tensor through symbolic indices; brute force reads the Lua table
+    doc = { function(b, h, q, kv) return al.eq(doc[b][q], doc[b][kv]) end, true, false,
+      function(b, h, q, kv) return doc_t[b][q] == doc_t[b][kv] end },
+  }
+  for name, m in pairs(masks) do
+    it(name .. ": every tile class equals brute force (odd sizes, broadcast dims)", function()
+      for _, cfg in ipairs({ { 2, 3, 40, 37, 8, 8 }, { 2, 3, 40, 40, 16, 4 }, { 2, 2, 33, 40, 5, 7 } }) do
+        local B, H, Sq, Skv, bm, bn = unpack(cfg)
+        if name == "doc" and Skv > 40 then Skv = 40 end
+        local bmask = al.attention.block_mask(m[1], B, H, Sq, Skv, { block_m = bm, block_n = bn })
+        assert.equal(m[2] and B or 1, bmask.mask:size(1))
+        assert.equal(m[3] and H or 1, bmask.mask:size(2))
+        local want = brute(m[4] or m[1], m[2] and B or 1, m[3] and H or 1, Sq, Skv, bm, bn)
+        assert.are.same(want, bmask.mask:to("f64"):flat_values())
+        assert.truthy(tostring(bmask):find("BlockMask", 1, true))
+        local c = bmask.counts
+        assert.equal(c[0] / bmask.ntiles, bmask:sparsity())
+      end
+    end)
+  end
+
+  it("s = 16384 at block 128: causal, sliding window and documents in well under a second each", function()
+    local clock = require("attnlab.progress").clock
+    local ids = {}
+    for i = 1, 16384 do ids[i] = math.floor((i - 1) / 1500) end
+    local d = al.tensor({ ids }, { dtype = "i32" })
+    for _, mm in ipairs({ function(b, h, q, kv) return al.ge(q, kv) end,
+      function(b, h, q, kv) return al.land(al.ge(q, kv), al.le(q - kv, 1024)) end,
+      function(b, h, q, kv) return al.land(al.ge(q, kv), al.eq(d[b][q], d[b][kv])) end }) do
+      local t0 = clock()
+      local bmask = al.attention.block_mask(mm, 1, 16, 16384, 16384, { block = 128 })
+      local dt = clock() - t0
+      assert(dt < 2.0, string.format("block_mask took %.2f s", dt))
+      assert.equal(128, bmask.nm)
+      assert(bmask:sparsity() > 0.45)
+    end
+  end)
+
+  it("the oracle honours a block mask exactly as the kernels do (empty tiles masked, full tiles kept)", function()
+    al.manual_seed(9)
+    local a = inputs({ sq = 16 })
+    local causal = function(b, h, q, kv) return al.ge(q, kv) end
+    local bm = al.attention.block_mask(causal, 2, 4, 16, 16, { block = 4 })
+    same(copy(a, { mask_mod = causal }), copy(a, { mask_mod = causal, block_mask = bm }))
+    -- a block mask alone (no mask_mod): partial tiles keep everything, so block-causal attention
+    local bm2 = al.attention.block_mask(causal, 1, 1, 16, 16, { block = 4 })
+    same(copy(a, { mask_mod = function(b, h, q, kv) return al.le(kv - (kv - 1) % 4, q + 3 - (q - 1) % 4) end }),
+      copy(a, { block_mask = bm2 }))
+    local e = err_of(al.attention.forward, copy(a, { mask_mod = causal,
+      block_mask = al.attention.block_mask(causal, 1, 1, 12, 16, { block = 4 }) }))
+    assert.truthy(e:find("block_mask: built for", 1, true), e)
+  end)
+end)
+
+describe("variants: integration", function()
+  it("explain mentions the variant and the oracle", function()
+    local a = inputs({})
+    local text, name = al.attention.explain(copy(a, { score_mod = function(s) return s * 0.5 end }))
+    assert.equal("variants-oracle", name)
+    assert.truthy(text:find("score_mod", 1, true))
+    assert.truthy(text:find("Lua oracle", 1, true))
+  end)
+
+  it("DotProductAttention takes score_mod / mask_mod as module and per-call arguments", function()
+    al.manual_seed(10)
+    local a = inputs({})
+    local rel = al.attention.param(rnd({ 4, 13 }))
+    local dpa = al.DotProductAttention({ num_attention_heads = 4, kv_channels = { 8, 6 }, qkv_format = "bshd",
+      attn_mask_type = "no_mask", compute_dtype = "f64",
+      score_mod = function(s, b, h, q, kv) return s + rel[h][kv - q + 7] end,
+      mask_mod = function(b, h, q, kv) return al.ge(q, kv) end })
+    local input = { query_layer = a.query_layer, key_layer = a.key_layer, value_layer = a.value_layer }
+    local out = dpa:forward(input)
+    local want = al.attention.forward(copy(a, { score_mod = dpa.score_mod, mask_mod = dpa.mask_mod }))
+    assert.equal(0, al.max_abs_diff(out, want))
+    local g = dpa:backward(input, rnd(out:size()))
+    assert.are.same({ 4, 13 }, g.captures[rel]:size())
+    -- per call: switch the module's score_mod off
+    local out2 = dpa:forward(copy(input, { score_mod = false }))
+    local want2 = al.attention.forward(copy(a, { attn_mask_type = "causal" }))
+    assert(al.max_abs_diff(out2, want2) < 1e-12)
+    assert.truthy(err_of(al.DotProductAttention, { num_attention_heads = 4, kv_channels = 8, score_mod = 1 })
+      :find("score_mod", 1, true))
+  end)
+end)
+
+-- The flash backend (bf16, NVRTC-compiled hooks) against the CPU oracle for every example variant,
+-- forward and backward (dq, dk, dv, capture gradients), with and without block masks.
+describe("variants on the GPU #gpu", function()
+  _G.VARIANTS_EXAMPLE_LIB = true
+  local make = dofile("examples/variants.lua")
+  _G.VARIANTS_EXAMPLE_LIB = nil
+  local B, S, H, HG, D = 2, 200, 4, 2, 64
+  local EX = make(S, H, B)
+  local function run(args, dev)
+    local a = copy(args)
+    for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do a[k] = args[k]:to(dev) end
+    local out, ctx = al.attention.forward(a)
+    local g = al.attention.backward(ctx, args.dout:to(dev))
+    return out:cpu():to("f64"), g, ctx
+  end
+  for _, name in ipairs({ "alibi", "softcap", "relative_bias", "sliding_window", "document", "prefix_lm" }) do
+    for _, with_bm in ipairs({ false, true }) do
+      it(name .. (with_bm and " with a block mask" or "") .. ": flash (bf16) == CPU oracle, forward and backward", function()
+        if not HAS_GPU then pending("no GPU") return end
+        al.manual_seed(21)
+        local x = EX[name]
+        local a = { query_layer = rnd({ B, S, H, D }, "bf16"), key_layer = rnd({ B, S, HG, D }, "bf16"),
+          value_layer = rnd({ B, S, HG, D }, "bf16"), qkv_format = "bshd", attn_mask_type = "no_mask",
+          score_mod = x.score_mod, mask_mod = x.mask_mod }
+        a.dout = rnd({ B, S, H * D }, "bf16")
+        if with_bm then
+          if not x.mask_mod then pending("no mask_mod") return end
+          a.block_mask = al.attention.block_mask(x.mask_mod, B, H, S, S, { block = 128 })
+        end
+        local oc, gc = run(a, "cpu")
+        a.backend = "flash"
+        local og, gg, ctx = run(a, "cuda")
+        assert.truthy(ctx.cvariant ~= nil)
+        assert(al.max_abs_diff(og, oc) < 2e-2, name .. " out: " .. al.max_abs_diff(og, oc))
+        for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
+          local d = al.max_abs_diff(gg[k]:cpu():to("f64"), gc[k]:to("f64"))
+          assert(d < 5e-2, name .. " " .. k .. ": " .. d)
+        end
+        if x.param then
+          local want = gc.captures[x.param]:to("f64")
+          local d = al.max_abs_diff(gg.captures[x.param]:cpu():to("f64"), want)
+          local scale = want:abs():amax():item()
+          assert(d < 2e-2 * math.max(1, scale), name .. " capture grad: " .. d)
+        end
+      end)
+    end
+  end
+
+  it("causal via mask_mod + block mask == built-in causal on flash", function()
+    if not HAS_GPU then pending("no GPU") return end
+    local a = { query_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(), key_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(),
+      value_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(), qkv_format = "bshd", backend = "flash" }
+    local ref = al.attention.forward(copy(a, { attn_mask_type = "causal" }))
+    local causal = function(b, h, q, kv) return al.ge(q, kv) end
+    local got = al.attention.forward(copy(a, { attn_mask_type = "no_mask", mask_mod = causal,
+      block_mask = al.attention.block_mask(causal, 1, 1, 512, 512, { block = 128 }) }))
+    assert(al.max_abs_diff(got, ref) < 1e-2)
+  end)
+end)
