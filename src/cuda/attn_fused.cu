@@ -799,7 +799,7 @@ static int32_t fused_supports(const al_attn_plan *pl, char *reason, size_t n) {
         }
         if (!asked)
             NO("FP8 SDPA through cuDNN (attn_fused_fp8.cu) is opt-in until verified on a GPU: force backend "
-               "\"fused\" or set ATTNLAB_FUSED_FP8=1; the emulating backends serve FP8 meanwhile");
+               "\"fused\" or set ATTNLAB_FUSED_FP8=1 (meanwhile the cpu backend emulates FP8 exactly)");
         return al_fz8_supports(pl, reason, n);
     }
     const al_attn_params *p = &pl->p;

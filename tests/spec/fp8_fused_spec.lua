@@ -199,6 +199,12 @@ describe("fp8 fused (cuDNN FP8 SDPA) vs the CPU emulation #gpu", function()
 end)
 
 describe("fp8 fused explain #gpu", function()
+  -- The FP8 graphs are opt-in until verified on a GPU (attn_fused.cu): automatic selection skips them
+  -- unless ATTNLAB_FUSED_FP8=1. The verdicts below are the ones with the opt-in set.
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+  setup(function() ffi.C.setenv("ATTNLAB_FUSED_FP8", "1", 1) end)
+  teardown(function() ffi.C.unsetenv("ATTNLAB_FUSED_FP8") end)
   local function ex(args)
     local text, name = al.attention.explain(args)
     return text, name
@@ -208,6 +214,14 @@ describe("fp8 fused explain #gpu", function()
     for k, v in pairs(extra or {}) do a[k] = v end
     return a
   end
+
+  gpu_it("without the opt-in, automatic selection does not pick the fused FP8 path, and says why", function()
+    ffi.C.unsetenv("ATTNLAB_FUSED_FP8")
+    local text, name = ex(base(128))
+    ffi.C.setenv("ATTNLAB_FUSED_FP8", "1", 1)
+    assert.are_not.equal("fused", name, text)
+    assert.truthy(text:find("opt-in until verified on a GPU", 1, true), text)
+  end)
 
   gpu_it("d=128: fused serves FP8 with no caveat", function()
     local text, name = ex(base(128))
