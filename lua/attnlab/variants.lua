@@ -20,8 +20,8 @@ Both functions are called once with symbolic values that record what they comput
   logic           al.land al.lor al.lnot, selection al.where(cond, a, b)
   math            al.exp al.log al.tanh al.sqrt al.abs al.min al.max (on tensors these stay the
                   tensor functions, on numbers they compute; only symbolic arguments are traced)
-  captured tensors  any tensor the function reaches as an upvalue (directly, inside a plain table
-                  upvalue, or through a helper function's upvalues) is read with symbolic indices:
+  captured tensors  any tensor the function reaches as an upvalue or a global (directly, inside a plain
+                  table upvalue, or through a helper function's) is read with symbolic indices:
                   slopes[h], bias[h][kv_idx - q_idx + S], doc[b][q_idx]; al.attention.capture(t)
                   wraps a tensor explicitly where that does not reach it. Integer tensors (i32, i64,
                   u8, bool) are read as ints, float tensors as floats.
@@ -513,6 +513,23 @@ local function swap_upvalues(fn, c, al)
   local function scan(f, depth)
     if seen[f] then return end
     seen[f] = true
+    -- globals (the REPL's `slopes = al.tensor(...)` is one): the function reads them through a proxy
+    -- environment that hands out captures for tensors, for as long as the trace runs
+    local info = debug.getinfo(f, "S")
+    if info and info.what ~= "C" then
+      local env = getfenv(f)
+      if type(env) == "table" then
+        local penv = setmetatable({}, {
+          __index = function(_, k)
+            local v = env[k]
+            if is_tensor(v) then return c.proxy(v) end
+            return v
+          end,
+          __newindex = env })
+        setfenv(f, penv)
+        undo[#undo + 1] = function() setfenv(f, env) end
+      end
+    end
     local i = 1
     while true do
       local name, val = debug.getupvalue(f, i)
@@ -1657,7 +1674,7 @@ function M.install(al)
     setmetatable(methods, { __index = function(_, k)
       if is_sym(k) then
         error("a tensor indexed with a symbolic value was not captured (score_mod / mask_mod see tensors " ..
-          "held in local upvalues, plain tables or helper functions): bind it to a local first, or wrap it " ..
+          "held in upvalues, globals, plain tables or helper functions): bind it to a local first, or wrap it " ..
           "with al.attention.capture(t)", 2)
       end
       return nil

@@ -111,9 +111,9 @@ describe("variants: tracer and code generation", function()
       { function(s) end, "returned nothing" },
       { function(s, b, h, q, kv) return al.lt(q, kv) and s or 0 end, "al.where" },
       { function(s, b, h) return t[9] end, "outside 1..4" },
-      { function(s, b, h) return s + GLOBAL_T[h] end, "al.attention.capture" },
+      { function(s, b, h) return s + GLOBAL_T.deep.t[h] end, "al.attention.capture" },   -- too deep to scan
     }
-    _G.GLOBAL_T = al.randn({ 4 })
+    _G.GLOBAL_T = { deep = { t = al.randn({ 4 }) } }
     for i, c in ipairs(cases) do
       local e = err_of(al.attention.variant, { score_mod = c[1] })
       assert.truthy(e:find("score_mod", 1, true), "case " .. i .. ": " .. e)
@@ -222,6 +222,20 @@ describe("variants: the CPU oracle against the built-in CPU backend", function()
     local slopes = al.tensor({ 0.3, 0.7, 1.1, 0.05 })
     same(copy(a, { core_attention_bias_type = "alibi", alibi_slopes = slopes }),
       copy(a, { score_mod = function(s, b, h, q, kv) return s - slopes[h] * al.abs(kv - q) end }))
+  end)
+
+  it("a tensor held in a global (as in the REPL) is captured too, and the function's environment is restored", function()
+    al.manual_seed(9)
+    local a = inputs({ h = 4 })
+    local slopes = al.rand({ 4 }) + 0.05
+    rawset(_G, "__variants_spec_slopes", slopes)
+    local f = load("local al = ... return function(s, b, h, q, kv) return s - __variants_spec_slopes[h] * al.abs(kv - q) end")(al)
+    local env_before = getfenv(f)
+    local ok, err = pcall(same, copy(a, { core_attention_bias_type = "alibi", alibi_slopes = slopes }),
+      copy(a, { score_mod = f }))
+    rawset(_G, "__variants_spec_slopes", nil)
+    assert(ok, err)
+    assert.equal(env_before, getfenv(f))
   end)
 
   it("a learnable relative bias == post_scale_bias, and its gradient == dbias summed per distance", function()
