@@ -6,7 +6,8 @@
  * 0..5, head counts (h, hg; not always dividing), head dims, dtypes (sometimes mismatched), random
  * cu_seqlens (monotone or not, in or out of range, padded variants), padding/arbitrary masks of
  * random shapes, bias of random shapes and types, ALiBi slopes, softmax types and offsets, windows,
- * dropout, scales (NaN/inf included) and the params' given extents. Invariants:
+ * dropout, scales (NaN/inf included), the params' given extents, and sometimes a variant (snippets,
+ * captures of random shapes and dtypes, block masks of random shapes and block sizes). Invariants:
  *   - al_attn_check fails with a message naming attention, or passes; al_attn_forward agrees with it
  *     (same status class, no crash) and on success returns outputs of the documented shapes whose
  *     values are all finite (lse may be -inf on empty rows), with every temporary released;
@@ -14,12 +15,12 @@
  */
 #include "fuzz_common.h"
 
-static al_tensor pool[24];
+static al_tensor pool[32];
 static int npool;
 
 static al_tensor *mk(fz_in *in, int32_t ndim, const int64_t *size, int32_t dtype) {
     al_tensor *t = &pool[npool];
-    if (npool >= 24 || al_tensor_empty(t, ndim, size, dtype, AL_DEVICE_CPU, 0) != AL_OK) return NULL;
+    if (npool >= 32 || al_tensor_empty(t, ndim, size, dtype, AL_DEVICE_CPU, 0) != AL_OK) return NULL;
     npool++;
     fz_fill(in, t);
     return t;
@@ -72,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t dqk = fz_int(&in, 1, 4), dv = fz_u8(&in) < 200 ? dqk : fz_int(&in, 0, 4);
     static const int32_t FL[] = {AL_DTYPE_F32, AL_DTYPE_F64, AL_DTYPE_F16, AL_DTYPE_BF16, AL_DTYPE_I32, AL_DTYPE_FP8_E4M3};
     int32_t dt = FL[fz_u8(&in) < 230 ? fz_int(&in, 0, 3) : fz_int(&in, 0, 5)];
-    int64_t qs[4], ks[4], vs[4];
+    int64_t qs[4] = {1, 1, 1, 1}, ks[4] = {1, 1, 1, 1}, vs[4] = {1, 1, 1, 1};   /* q may get a 4th dim under thd */
     int nd = thd ? 3 : 4;
     int64_t tq = b * sq + fz_int(&in, 0, 2), tkv = b * skv + fz_int(&in, 0, 2);
     if (thd) {
@@ -152,6 +153,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         inp.softmax_offset = mk(&in, 1, &os_, AL_DTYPE_F32);
     }
 
+    /* a variant (score_mod / mask_mod snippets, captures, block mask): validated by the front door and
+     * served by the flash backend only, so on this GPU-less machine the forward must fail cleanly */
+    al_attn_variant var;
+    int with_variant = fz_u8(&in) > 215;
+    if (with_variant) {
+        memset(&var, 0, sizeof var);
+        static const char *SNIP[] = {NULL, "score * 2.0f", "q_idx >= kv_idx", "x // comment", ""};
+        var.score_mod = SNIP[fz_int(&in, 0, 4)];
+        var.score_grad = fz_u8(&in) & 1 ? SNIP[fz_int(&in, 0, 4)] : NULL;
+        var.mask_mod = SNIP[fz_int(&in, 0, 4)];
+        var.ncaptures = fz_u8(&in) < 230 ? (int32_t)fz_int(&in, 0, 3) : fz_i32(&in);
+        for (int i = 0; i < 3; i++) {
+            int64_t cs = fz_int(&in, 0, 6);
+            var.captures[i] = fz_u8(&in) < 220 ? mk(&in, 1, &cs, fz_u8(&in) & 1 ? AL_DTYPE_F32 : AL_DTYPE_I32) : NULL;
+            if (fz_u8(&in) > 200) var.capture_grads[i] = mk(&in, 1, &cs, fz_u8(&in) & 1 ? AL_DTYPE_F32 : AL_DTYPE_F64);
+        }
+        if (fz_u8(&in) > 100) {
+            int64_t bm_ = fz_int(&in, -1, 128), bn_ = fz_int(&in, -1, 128);
+            var.block_m = bm_;
+            var.block_n = bn_;
+            int64_t nbq = bm_ > 0 ? (sq + bm_ - 1) / bm_ : 1, nbk = bn_ > 0 ? (skv + bn_ - 1) / bn_ : 1;
+            int64_t bms[4] = {fz_u8(&in) & 1 ? b : 1, fz_u8(&in) & 1 ? h : 1, nbq + (fz_u8(&in) > 240), nbk};
+            int32_t bnd = fz_u8(&in) > 240 ? (int32_t)fz_int(&in, 1, 4) : 4;
+            var.block_mask = mk(&in, bnd, bms + (4 - bnd), fz_u8(&in) < 230 ? AL_DTYPE_U8 : AL_DTYPE_F32);
+        }
+        inp.variant = &var;
+    }
+
     al_status chk = al_attn_check(&p, &inp);
     if (chk != AL_OK) fz_check_failed(chk, NULL, "attention");
     al_tensor out, lse, ml;
@@ -162,6 +191,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (chk != AL_OK) {
         FZ_ASSERT(st != AL_OK, "check failed (%d) but forward passed", (int)chk);
     }
+    FZ_ASSERT(!(with_variant && st == AL_OK), "a variant was served without a GPU (only flash serves variants)");
     if (st != AL_OK) {
         /* forward-only failures (e.g. an unsupported forced backend) must still be clean */
         fz_check_failed(st, &out, "attention");
