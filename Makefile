@@ -146,8 +146,11 @@ ASAN_O       := $(BUILD)/asan
 ASAN_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 ASAN_RT      := $(shell $(CC) -print-file-name=libasan.so 2>/dev/null)
 ASAN_SPECS   ?= tests/spec
+# install_spec runs `make install` and luarocks: with the ASan runtime preloaded into every child,
+# ASan reports GNU make's own string handling, which is not ours to check; `make test` runs it.
+ASAN_SKIP_SPECS ?= tests/spec/install_spec.lua
 # one busted process per spec file (as in `make test`): a sanitizer abort loses one file's results
-ASAN_SPEC_FILES = $(foreach s,$(ASAN_SPECS),$(if $(filter %.lua,$(s)),$(s),$(wildcard $(s)/*_spec.lua)))
+ASAN_SPEC_FILES = $(filter-out $(ASAN_SKIP_SPECS),$(foreach s,$(ASAN_SPECS),$(if $(filter %.lua,$(s)),$(s),$(wildcard $(s)/*_spec.lua))))
 # allocator_may_return_null: a huge allocation is an OOM status to test, not a sanitizer abort.
 # detect_odr_violation=0: LuaJIT's FFI and the preloaded runtime trip false ODR reports.
 ASAN_ENV     := ASAN_OPTIONS=detect_leaks=1:detect_odr_violation=0:allocator_may_return_null=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=0 \
