@@ -158,6 +158,16 @@ al_cuda_stream *al_cuda_get_stream(int32_t device_index) {
     return device_index >= 0 && device_index < 64 ? t_current[device_index] : NULL;
 }
 
+al_status al_cuda_raw_stream(int32_t device_index, void **stream) {
+    if (!stream) return al_error(AL_ERR_ARG, "cuda.raw_stream: stream: expected a pointer, got NULL");
+    *stream = NULL;
+    AL_TRY(al_cuda_check_device("cuda.raw_stream", device_index));
+    void *s = al_cuda_api_get()->current_stream(device_index);
+    if (!s) return al_error_prefix(AL_ERR_DEVICE, "cuda.raw_stream"); /* the plugin set the message */
+    *stream = s;
+    return AL_OK;
+}
+
 al_status al_cuda_stream_synchronize(al_cuda_stream *s) {
     if (!s) return al_error(AL_ERR_ARG, "cuda.Stream:synchronize: stream is NULL");
     return al_cuda_api_get()->stream_synchronize(s->dev, s->handle);

@@ -21,7 +21,7 @@ al.version = lffi.ffi.string(lffi.C.al_version())
 -- Modules in dependency order. A module that is not present in this checkout is skipped; any other
 -- error while loading one is raised.
 local MODULES = { "attnlab.tensor", "attnlab.math", "attnlab.print", "attnlab.warnings", "attnlab.layout",
-  "attnlab.attention", "attnlab.variants", "attnlab.nn", "attnlab.layers", "attnlab.mha", "attnlab.inference", "attnlab.optim",
+  "attnlab.attention", "attnlab.variants", "attnlab.nn", "attnlab.cp", "attnlab.layers", "attnlab.mha", "attnlab.inference", "attnlab.optim",
   "attnlab.plot", "attnlab.progress", "attnlab.results", "attnlab.fp8" }
 
 for _, name in ipairs(MODULES) do
