@@ -543,13 +543,19 @@ end
 ---------------------------------------------------------------------------------------------------
 -- overlap: a communication stream per local rank (GPU only)
 ---------------------------------------------------------------------------------------------------
-local function make_streams(group, ranks, tensors)
+-- given: the caller's communication streams (cp_stream, TE's name: per local rank), or nil for new ones
+local function make_streams(group, ranks, tensors, given)
   local ov = { comm = {}, compute = {}, ready = {}, done = {}, keep = {}, devs = {} }
   for _, r in ipairs(ranks) do
     local dev = tensors[r]:device():match("cuda:(%d+)")
     dev = tonumber(dev) or 0
     ov.devs[r] = dev
-    ov.comm[r], ov.compute[r] = al.cuda.Stream(dev), al.cuda.Stream(dev)
+    local cs = given and given[r]
+    if cs and cs.device ~= dev then
+      fail("cp.attention_forward", string.format("cp_stream: rank %d's stream is on cuda:%s, its tensors on cuda:%d",
+        r - 1, tostring(cs.device), dev), 3)
+    end
+    ov.comm[r], ov.compute[r] = cs or al.cuda.Stream(dev), al.cuda.Stream(dev)
     ov.ready[r], ov.done[r] = al.cuda.Event(dev), al.cuda.Event(dev)
     -- the compute stream starts after the caller's queued work (the inputs)
     local e = al.cuda.Event(dev):record()
@@ -756,6 +762,22 @@ local function parse(args, fname)
     end
   end
   S.overlap = args.overlap ~= false
+  local cs = args.cp_stream
+  if cs ~= nil then
+    -- TE's cp_stream: the p2p communication stream (an al.cuda.Stream for every local rank, or a list of
+    -- them by rank + 1); GPU only, unused on CPU tensors and by all_gather / a2a
+    local function is_stream(x) return type(x) == "table" and type(x.wait_event) == "function" and x.device ~= nil end
+    local t = {}
+    for _, r in ipairs(S.ranks) do
+      local x = is_stream(cs) and cs or (type(cs) == "table" and cs[r])
+      if not is_stream(x) then
+        fail(fname, string.format("cp_stream: expected an al.cuda.Stream or a list of them by rank + 1 (rank %d: %s)",
+          r - 1, type(x)), 3)
+      end
+      t[r] = x
+    end
+    S.cp_stream = t
+  end
   return S
 end
 
@@ -932,7 +954,7 @@ local function p2p_forward(S)
     end
   end
   -- (streams made after the accumulators were filled: the compute streams start after that work)
-  local ov = (S.overlap and S.q[ranks[1]]:is_cuda()) and make_streams(g, ranks, S.q) or nil
+  local ov = (S.overlap and S.q[ranks[1]]:is_cuda()) and make_streams(g, ranks, S.q, S.cp_stream) or nil
   for step = 0, cp - 1 do
     local h
     if step < cp - 1 then h = exchange_start(g, ranks, kvcur, 1, ov) end
@@ -981,7 +1003,7 @@ local function p2p_backward(S, st, dout)
       end
     end
   end
-  local ov = (S.overlap and S.q[ranks[1]]:is_cuda()) and make_streams(g, ranks, S.q) or nil
+  local ov = (S.overlap and S.q[ranks[1]]:is_cuda()) and make_streams(g, ranks, S.q, S.cp_stream) or nil
   for step = 0, cp - 1 do
     local h
     if step < cp - 1 then h = exchange_start(g, ranks, kvcur, 1, ov) end
@@ -1198,7 +1220,8 @@ end
 
 -- al.cp.attention_forward{group=, cp_comm_type=, query_layer = {per rank}, key_layer=, value_layer=, ...}
 -- -> outs (list by rank + 1, each flattened like DotProductAttention's output: [b,s,h*dv] | [s,b,h*dv] |
--- [t,h*dv], in the user's layout and q's dtype), ctx.
+-- [t,h*dv], in the user's layout and q's dtype), ctx. cp_stream (TE's name): an al.cuda.Stream (or a list
+-- by rank + 1) that p2p uses as its communication stream instead of a new one per call.
 function M.attention_forward(args)
   local fname = "cp.attention_forward"
   local S = parse(args, fname)

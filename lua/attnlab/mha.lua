@@ -38,6 +38,16 @@ that RoPE or QK-norm rewrote, and cached keys, go as separate tensors, which det
 *_hd_hd_hd: no deprecation warning on any path. With GQA and interleaved weights the rows are
 [hg, h/hg + 2, d] per token (TE's layout): the queries of a group, then its key and value.
 Set mha.pass_through = false to force the sliced path (for experiments and tests).
+
+Context parallelism (docs/CONTEXT_PARALLEL.md): cp_group, cp_global_ranks, cp_stream, cp_comm_type
+(constructor) or mha:set_context_parallel_group(...) go to the core DotProductAttention. The layernorm,
+projections and QK-norm are per token and run on each rank's shard unchanged (the sliced path: packed
+inputs are refused with CP); RoPE rotates each token by its global position, derived from the shard's
+chunks (DualChunkSwap or load_balance = "contiguous"; thd: from cu_seqlens_q_padded). hidden_states and
+grad_output are per-rank lists (by rank + 1) for a group with several local ranks, tensors for one local
+rank; parameter gradients accumulate over the local ranks (a sum, as the data-parallel reduction that
+includes the CP ranks would give: in a multi-process job all-reduce them over the group). Self-attention
+only; no KV cache.
 ]]
 local T = require "attnlab.tensor"
 
@@ -149,7 +159,9 @@ function M.install(al)
       attention_dropout = cfg.attention_dropout == nil and 0.1 or cfg.attention_dropout, qkv_format = fmt,
       attn_mask_type = cfg.attn_mask_type or "causal", window_size = cfg.window_size, softmax_type = cfg.softmax_type,
       backend = cfg.backend, softmax_scale = cfg.softmax_scale, compute_dtype = cfg.compute_dtype,
-      fp8_recipe = cfg.fp8_recipe }   -- FP8 for the attention core only (fp8_dpa, not fp8_mha)
+      fp8_recipe = cfg.fp8_recipe,    -- FP8 for the attention core only (fp8_dpa, not fp8_mha)
+      cp_group = cfg.cp_group, cp_global_ranks = cfg.cp_global_ranks, cp_stream = cfg.cp_stream,
+      cp_comm_type = cfg.cp_comm_type }
     self.fp8_recipe = cfg.fp8_recipe
     self.proj = al.nn.Linear{ in_features = h * d, out_features = hidden, bias = popts.bias,
       params_dtype = popts.params_dtype, device = popts.device }
@@ -273,17 +285,190 @@ function M.install(al)
     return input, x
   end
 
-  function MHA:_check_hidden(fname, x, name)
+  function MHA:_check_hidden(fname, x, name, level)
     local want = self.qkv_format == "thd" and 2 or 3
     if x:dim() ~= want or x:size(-1) ~= self.hidden_size then
       error(string.format("%s: %s: expected a %dD tensor [%s, %d] for qkv_format=%s, got [%s]", fname, name, want,
         self.qkv_format == "thd" and "t" or (self.qkv_format == "bshd" and "b, s" or "s, b"), self.hidden_size,
-        self.qkv_format, table.concat(x:size(), ",")), 3)
+        self.qkv_format, table.concat(x:size(), ",")), level or 3)
     end
+  end
+
+  -------------------------------------------------------------------------------------------------
+  -- context parallelism: per-token work per rank's shard, the core attention through al.cp
+  -------------------------------------------------------------------------------------------------
+  -- mha:set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type = "p2p"): TE's
+  -- method, handed to the core DotProductAttention (cp_group nil: off). Returns the module.
+  function MHA:set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
+    self.core_attention:_set_cp("MultiheadAttention:set_context_parallel_group", 3, cp_group, cp_global_ranks,
+      cp_stream, cp_comm_type)
+    return self
+  end
+
+  -- RoPE positions of rank rr's (0-based) shard: local row j of a chunk slot holds global position
+  -- chunk_id * c + j % c (thd: per sequence, from the global padded offsets cup)
+  local function cp_positions(al_, fmt, lead, cp, lb, rr, cup)
+    local ids = al_.cp.chunk_ids(cp, lb, rr)
+    local nc = lb == "contiguous" and cp or 2 * cp
+    local flat = {}
+    if fmt == "thd" then
+      local t = lead[1]
+      for j = 1, t do flat[j] = 0 end
+      for i = 1, #cup - 1 do
+        local P = cup[i + 1] - cup[i]
+        local c, off = P / nc, cup[i] / cp
+        for j = 0, P / cp - 1 do flat[off + j + 1] = ids[math.floor(j / c) + 1] * c + j % c end
+      end
+      return { flat = flat, shape = { t } }
+    end
+    local sl = fmt == "bshd" and lead[2] or lead[1]
+    local c = sl / #ids
+    for j = 0, sl - 1 do flat[j + 1] = ids[math.floor(j / c) + 1] * c + j % c end
+    return { flat = flat, shape = fmt == "bshd" and { 1, sl } or { sl, 1 } }
+  end
+
+  function MHA:_cp_forward(fname, input)
+    local g = self.core_attention.cp_group
+    local ranks = g.local_ranks
+    local a, x
+    if T.is_tensor(input) then a, x = {}, input
+    elseif type(input) == "table" then
+      if input.hidden_states ~= nil then a, x = input, input.hidden_states
+      elseif T.is_tensor(input[1]) and T.is_tensor(input[2]) then a, x = {}, input -- a bare per-rank list
+      else a, x = input, input[1] end
+    else
+      error(fname .. ": expected a tensor, a per-rank list or a table {hidden_states=, ...}, got " .. type(input), 3)
+    end
+    if self.attention_type ~= "self" then
+      error(fname .. ": attention_type = 'cross' with context parallelism is not supported by MultiheadAttention " ..
+        "(DotProductAttention with cp_group takes sharded queries, keys and values)", 3)
+    end
+    if a.inference_params ~= nil then
+      error(fname .. ": inference_params: a KV cache is not supported with context parallelism", 3)
+    end
+    local xs, mode
+    if T.is_tensor(x) then
+      if #ranks ~= 1 then
+        error(string.format("%s: hidden_states: cp_group drives %d ranks in this process (%s): expected a list of %d " ..
+          "tensors by rank + 1, got a tensor", fname, #ranks, tostring(g), #ranks), 3)
+      end
+      xs, mode = { [ranks[1]] = x }, "tensor"
+    elseif type(x) == "table" then
+      if #ranks == g.size and #x ~= g.size then
+        error(string.format("%s: hidden_states: expected a list of %d tensors (one per rank of cp_group), got %d", fname,
+          g.size, #x), 3)
+      end
+      xs, mode = x, "list"
+    else
+      error(fname .. ": hidden_states: expected a tensor or a list of tensors by rank + 1, got " .. type(x), 3)
+    end
+    local wdev = self.proj.weight:device()
+    for _, r in ipairs(ranks) do
+      local xr = xs[r]
+      if not T.is_tensor(xr) then
+        error(string.format("%s: hidden_states[%d]: expected a tensor for rank %d, got %s", fname, r, r - 1, type(xr)), 3)
+      end
+      self:_check_hidden(fname, xr, mode == "list" and ("hidden_states[" .. r .. "]") or "hidden_states", 4)
+      if xr:device() ~= wdev then
+        error(string.format("%s: hidden_states[%d] is on %s, the module's parameters on %s (one module serves one " ..
+          "device: run one process per GPU, scripts/attnlab-launch)", fname, r, xr:device(), wdev), 3)
+      end
+    end
+    local fmt, lb = self.qkv_format, a.load_balance or "dual_chunk_swap"
+    local cup
+    if self.rotary_emb and fmt == "thd" then
+      local c = a.cu_seqlens_q_padded
+      if c == nil then error(fname .. ": RoPE with qkv_format=thd and context parallelism needs cu_seqlens_q_padded (the global padded offsets)", 3) end
+      cup = T.is_tensor(c) and c:flat_values() or c
+    end
+    local st = { input = input, cp = true, mode = mode, group = g, ranks = {} }
+    local Q, K, V = {}, {}, {}
+    for _, r in ipairs(ranks) do
+      local xr = xs[r]
+      local ln = self.layernorm and self.layernorm:forward(xr) or xr
+      local mixed = self.qkv:forward(ln)
+      local vw = self:_views_self(mixed)
+      local lead = lead_of(ln)
+      local pos = self.rotary_emb and cp_positions(al, fmt, lead, g.size, lb, r - 1, cup)
+      local qchain, kchain = self:_chain("q", pos), self:_chain("k", pos)
+      local q2, qins = run_chain(qchain, self:_q_heads(vw.q, lead))
+      local k2, kins = run_chain(kchain, vw.k)
+      st.ranks[r] = { x = xr, ln = ln, mixed = mixed, qchain = qchain, qins = qins, kchain = kchain, kins = kins }
+      -- keys and values left as views of the projection output are copied: al.cp cuts them into blocks, and
+      -- views of one buffer would go to al.attention as undeclared packed inputs (a deprecation warning)
+      Q[r], K[r], V[r] = q2, #kchain == 0 and vw.k:contiguous() or k2, vw.v:contiguous()
+    end
+    local dargs = {}
+    for _, k in ipairs(DPA_ARGS) do dargs[k] = a[k] end
+    dargs.load_balance, dargs.overlap, dargs.deterministic = a.load_balance, a.overlap, a.deterministic
+    local one = ranks[1]
+    if mode == "tensor" then
+      dargs.query_layer, dargs.key_layer, dargs.value_layer = Q[one], K[one], V[one]
+    else
+      dargs.query_layer, dargs.key_layer, dargs.value_layer = Q, K, V
+    end
+    self.core_attention.train = self.train
+    local ctx = self.core_attention:forward(dargs)
+    local ctxs = mode == "tensor" and { [one] = ctx } or ctx
+    local ys = {}
+    for _, r in ipairs(ranks) do ys[r] = self.proj:forward(ctxs[r]) end
+    st.dargs, st.ctxs = dargs, ctxs
+    self.context = ctx
+    local y = mode == "tensor" and ys[one] or ys
+    self.output, self.state = y, st
+    return y
+  end
+
+  function MHA:_cp_backward(fname, st, dy)
+    local ranks = st.group.local_ranks
+    local dys
+    if st.mode == "tensor" then
+      if not T.is_tensor(dy) then error(fname .. ": grad_output: expected a tensor, got " .. type(dy), 3) end
+      dys = { [ranks[1]] = dy }
+    else
+      if type(dy) ~= "table" or T.is_tensor(dy) then
+        error(fname .. ": grad_output: the forward took per-rank lists: expected a list of tensors by rank + 1, got " ..
+          (T.is_tensor(dy) and "a tensor" or type(dy)), 3)
+      end
+      if #ranks == st.group.size and #dy ~= st.group.size then
+        error(string.format("%s: grad_output: expected a list of %d tensors (one per rank of cp_group), got %d", fname,
+          st.group.size, #dy), 3)
+      end
+      dys = dy
+    end
+    local dctx = {}
+    for _, r in ipairs(ranks) do
+      if not T.is_tensor(dys[r]) then
+        error(string.format("%s: grad_output[%d]: expected a tensor for rank %d, got %s", fname, r, r - 1, type(dys[r])), 3)
+      end
+      dctx[r] = self.proj:backward(st.ctxs[r], dys[r])
+    end
+    local grads = self.core_attention:backward(st.dargs, st.mode == "tensor" and dctx[ranks[1]] or dctx)
+    self.attention_gradients = grads
+    local dxs = {}
+    for _, r in ipairs(ranks) do
+      local p = st.ranks[r]
+      local gq, gk, gv = grads.query_layer, grads.key_layer, grads.value_layer
+      if st.mode ~= "tensor" then gq, gk, gv = gq[r], gk[r], gv[r] end
+      local dmixed = al.zeros_like(p.mixed)
+      local dv = self:_views_self(dmixed)
+      dv.q:copy_(back_chain(p.qchain, p.qins, gq):reshape(dv.q:size()))
+      dv.k:copy_(back_chain(p.kchain, p.kins, gk))
+      dv.v:copy_(gv)
+      local dln = self.qkv:backward(p.ln, dmixed)
+      dxs[r] = self.layernorm and self.layernorm:backward(p.x, dln) or dln
+    end
+    local dx = st.mode == "tensor" and dxs[ranks[1]] or dxs
+    self.gradInput = dx
+    return dx
   end
 
   function MHA:forward(input)
     local fname = "MultiheadAttention:forward"
+    if self.core_attention.cp_group ~= nil then
+      local y = self:_cp_forward(fname, input) -- (not a tail call: the error levels count this frame)
+      return y
+    end
     local a = parse_input(fname, input)
     local x = a.hidden_states or a[1]
     self:_check_hidden(fname, x, "hidden_states")
@@ -383,6 +568,10 @@ function M.install(al)
     local st = self.state
     if not st then error(fname .. ": call forward first", 2) end
     if input ~= st.input then error(fname .. ": input differs from the forward's input", 2) end
+    if st.cp then
+      local dx = self:_cp_backward(fname, st, dy) -- (not a tail call: the error levels count this frame)
+      return dx
+    end
     if st.inference then error(fname .. ": the forward ran with inference_params (a KV cache): inference only", 2) end
     if not T.is_tensor(dy) then error(fname .. ": grad_output: expected a tensor, got " .. type(dy), 2) end
     local dctx = self.proj:backward(st.ctx, dy)
