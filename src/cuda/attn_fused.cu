@@ -85,102 +85,13 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static fz_entry g_cache[FZ_CACHE_CAP];
 static uint64_t g_tick;
 static cudnnHandle_t g_handle[AL_CU_MAX_DEVICES];
-static int g_cc_major[AL_CU_MAX_DEVICES];
 static int64_t g_builds;        /* plans built (tests read it through al_fused_info) */
 
-/* FNV-1a over the key's int64 words (the key is all int64): 1/8 of the byte-wise loop, on every call */
-static uint64_t hash_key(const fz_key *k) {
-    const int64_t *p = (const int64_t *)k;
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < sizeof *k / sizeof(int64_t); i++) h = (h ^ (uint64_t)p[i]) * 1099511628211ULL;
-    return h;
-}
+static_assert(sizeof(fz_key) % sizeof(int64_t) == 0, "fz_key must be whole int64 words (al_dnn_hash_words)");
 
-static_assert(sizeof(fz_key) % sizeof(int64_t) == 0, "fz_key must be whole int64 words (hash_key)");
-
-static void version_str(size_t v, char *buf, size_t n) {
-    snprintf(buf, n, "%zu.%zu.%zu", v / 10000, (v % 10000) / 100, v % 100);
-}
-
-/* The loaded cuDNN's version as text, formatted once (supports() quotes it in its reasons) */
-static char g_version_text[32];
-static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;
-static void version_text_init(void) { version_str(cudnnGetVersion(), g_version_text, sizeof g_version_text); }
-static const char *version_text(void) {
-    pthread_once(&g_version_once, version_text_init);
-    return g_version_text;
-}
-
-/* ---- handles ------------------------------------------------------------------------------------ */
-/* The per-device handle, created once, bound on every call to the calling thread's current stream
- * (a cheap host-side setter; users may switch streams). Called with g_lock held. */
-static al_status get_handle_stream(int32_t dev, cudnnHandle_t *out, cudaStream_t *stream_out) {
-    cudaStream_t stream;
-    AL_TRY(al_cu_begin("attention (fused)", dev, &stream));
-    if (stream_out) *stream_out = stream;
-    if (!g_handle[dev]) {
-        cudnnHandle_t h;
-        AL_DNN_TRY(cudnnCreate(&h), "create handle");
-        g_handle[dev] = h;
-    }
-    AL_DNN_TRY(cudnnSetStream(g_handle[dev], stream), "set stream");
-    *out = g_handle[dev];
-    return AL_OK;
-}
-static al_status get_handle(int32_t dev, cudnnHandle_t *out) { return get_handle_stream(dev, out, NULL); }
-
-static int cc_major(int32_t dev) {
-    if (!g_cc_major[dev]) {
-        int v = 0;
-        if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            (void)cudaGetLastError();
-            v = 0;
-        }
-        g_cc_major[dev] = v;
-    }
-    return g_cc_major[dev];
-}
-
-/* ---- geometry ----------------------------------------------------------------------------------- */
-/* Logical [b,h,s,d] strides of a tensor in the plan's format; s_ext is sq or skv (thd batch stride). */
-static void bhsd_strides(int32_t fmt, const al_tensor *t, int64_t s_ext, int64_t out[4]) {
-    if (fmt == AL_ATTN_FORMAT_SBHD) {
-        out[0] = t->stride[1]; out[1] = t->stride[2]; out[2] = t->stride[0]; out[3] = t->stride[3];
-    } else if (fmt == AL_ATTN_FORMAT_BSHD) {
-        out[0] = t->stride[0]; out[1] = t->stride[2]; out[2] = t->stride[1]; out[3] = t->stride[3];
-    } else {
-        out[0] = s_ext * t->stride[0]; out[1] = t->stride[1]; out[2] = t->stride[0]; out[3] = t->stride[2];
-    }
-}
-
-static void *elem_ptr(const al_tensor *t) {
-    return (char *)t->data + t->offset * al_dtype_size(t->dtype);
-}
-
-/* Why cuDNN cannot take this tensor as it is (NULL when it can): unit head-dim stride, no stride-0
- * broadcast, 16-byte aligned address and strides. */
-static const char *layout_problem(const al_tensor *t, char *buf, size_t n) {
-    int64_t es = al_dtype_size(t->dtype);
-    int nd = t->ndim;
-    if (t->size[nd - 1] > 1 && t->stride[nd - 1] != 1) {
-        snprintf(buf, n, "head-dim stride is %lld, cuDNN needs 1", (long long)t->stride[nd - 1]);
-        return buf;
-    }
-    for (int d = 0; d < nd - 1; d++) {
-        if (t->size[d] > 1 && t->stride[d] == 0) {
-            snprintf(buf, n, "dim %d is broadcast (stride 0), which cuDNN rejects", d + 1);
-            return buf;
-        }
-        if (t->size[d] > 1 && (t->stride[d] * es) % 16 != 0) {
-            snprintf(buf, n, "stride %lld of dim %d is not a multiple of 16 bytes", (long long)t->stride[d], d + 1);
-            return buf;
-        }
-    }
-    if (((uintptr_t)elem_ptr(t)) % 16 != 0) {
-        snprintf(buf, n, "its first element is not 16-byte aligned (offset %lld elements)", (long long)t->offset);
-        return buf;
-    }
-    return NULL;
+/* The per-device handles of this path (cudnn_graph.cu's al_dnn_handle binds them; g_lock held). */
+static al_status get_handle_stream(int32_t dev, cudnnHandle_t *out, cudaStream_t *stream) {
+    return al_dnn_handle(g_handle, dev, "attention (fused)", out, stream);
 }
 
 /* What a plan resolves to for the graph. */
@@ -553,7 +464,7 @@ static void build_backward(al_dnn_graph *g, const fz_key *k, int *left_is_int) {
 /* Find or build the entry for k; called with g_lock held. Never NULL: a refused graph is an entry
  * with plan == NULL and the reason. */
 static fz_entry *cache_get(const fz_key *k, cudnnHandle_t handle) {
-    uint64_t h = hash_key(k);
+    uint64_t h = al_dnn_hash_words(k, sizeof *k);
     fz_entry *victim = NULL;
     for (int i = 0; i < FZ_CACHE_CAP; i++) {
         fz_entry *e = &g_cache[i];
@@ -725,9 +636,9 @@ static void set_scalars(fz_call *c, const fz_entry *e) {
 }
 
 /* The caller's post_scale_bias (U_BIAS): an input of both graphs when the key has a bias. Its
- * address already passed layout_problem() in supports(); its strides are part of the key. */
+ * address already passed al_dnn_layout_problem() in supports(); its strides are part of the key. */
 static void bind_bias(fz_call *c) {
-    if (c->key.has_bias) c->ptr[U_BIAS] = elem_ptr(c->pl->in.bias);
+    if (c->key.has_bias) c->ptr[U_BIAS] = al_tensor_data_ptr(c->pl->in.bias);
 }
 
 static al_status run_entry(cudnnHandle_t handle, const fz_entry *e, fz_call *c, void *ws) {
@@ -781,7 +692,7 @@ static int roles_ok(const al_attn_plan *pl, char *reason, size_t n) {
     char buf[128];
     const al_tensor *ts[3] = {pl->in.q, pl->in.k, pl->in.v};
     for (int i = 0; i < 3; i++) {
-        const char *why = layout_problem(ts[i], buf, sizeof buf);
+        const char *why = al_dnn_layout_problem(ts[i], buf, sizeof buf);
         if (why) NO("%s: %s", role_name[i], why);
     }
     return 1;
@@ -805,12 +716,12 @@ static int32_t fused_supports(const al_attn_plan *pl, char *reason, size_t n) {
     const al_attn_params *p = &pl->p;
     const al_tensor *q = pl->in.q;
     size_t ver = cudnnGetVersion();
-    const char *vs_ = version_text();
+    const char *vs_ = al_dnn_version_text();
     if (q->device_type != AL_DEVICE_CUDA) NO("tensors are on the CPU; the fused backend (cuDNN %s) serves cuda tensors", vs_);
     if (ver < FZ_MIN_VERSION) NO("cuDNN %s is older than 9.10.2, the oldest this backend accepts", vs_);
     int32_t dev = q->device_index;
     if (dev < 0 || dev >= al_cu_ndev) NO("device cuda:%d does not exist", dev);
-    int cc = cc_major(dev);
+    int cc = al_dnn_cc_major(dev);
     if (cc < 8) NO("cuDNN %s fused attention needs sm_80 or newer; cuda:%d is sm_%d.x", vs_, dev, cc);
     if (q->dtype != AL_DTYPE_F16 && q->dtype != AL_DTYPE_BF16)
         NO("cuDNN %s fused attention takes f16 or bf16, got %s (use unfused or cpu)", vs_, al_dtype_name(q->dtype));
@@ -868,7 +779,7 @@ static int32_t fused_supports(const al_attn_plan *pl, char *reason, size_t n) {
                                      al_dtype_name(q->dtype), al_dtype_name(B->dtype));
         if (B->ndim != 4) NO("core_attention_bias must be 4-d for cuDNN");
         if (B->size[2] == 1 && p->sq > 1) NO("cuDNN cannot produce dbias for a bias broadcast over s_q ([.., .., 1, s_kv])");
-        const char *why = layout_problem(B, buf, sizeof buf);
+        const char *why = al_dnn_layout_problem(B, buf, sizeof buf);
         if (why) NO("core_attention_bias: %s", why);
     }
     if (!roles_ok(pl, reason, n)) return 0;
@@ -886,16 +797,17 @@ static int32_t fused_supports(const al_attn_plan *pl, char *reason, size_t n) {
     memset(&ot, 0, sizeof ot);
     ot.ndim = nd;
     for (int d = 0; d < nd; d++) { ot.size[d] = osize[d]; ot.stride[d] = ostr[d]; }
-    bhsd_strides(p->qkv_format, q, p->sq, str[R_Q]);
-    bhsd_strides(p->qkv_format, pl->in.k, p->skv, str[R_K]);
-    bhsd_strides(p->qkv_format, pl->in.v, p->skv, str[R_V]);
-    bhsd_strides(p->qkv_format, &ot, p->sq, str[R_O]);
+    al_dnn_bhsd_strides(p->qkv_format, q, p->sq, str[R_Q]);
+    al_dnn_bhsd_strides(p->qkv_format, pl->in.k, p->skv, str[R_K]);
+    al_dnn_bhsd_strides(p->qkv_format, pl->in.v, p->skv, str[R_V]);
+    al_dnn_bhsd_strides(p->qkv_format, &ot, p->sq, str[R_O]);
     has[R_Q] = has[R_K] = has[R_V] = has[R_O] = 1;
     fz_key k;
     key_build(&k, pl, &su, 0, str, has);
     pthread_mutex_lock(&g_lock);
     cudnnHandle_t handle;
-    al_status st = get_handle(dev, &handle);
+    cudaStream_t stream_unused;
+    al_status st = get_handle_stream(dev, &handle, &stream_unused);
     int ok = 0;
     if (st != AL_OK) snprintf(reason, n, "%s", al_last_error());
     else {
@@ -934,7 +846,7 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     int has[NROLE] = {0};
     c->t[R_Q] = q; c->t[R_K] = pl->in.k; c->t[R_V] = pl->in.v; c->t[R_O] = out;
     for (int r = R_Q; r <= R_O; r++) {
-        bhsd_strides(p->qkv_format, c->t[r], (r == R_K || r == R_V) ? p->skv : p->sq, str[r]);
+        al_dnn_bhsd_strides(p->qkv_format, c->t[r], (r == R_K || r == R_V) ? p->skv : p->sq, str[r]);
         has[r] = 1;
     }
     key_build(&c->key, pl, &c->su, 0, str, has);
@@ -943,7 +855,7 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     fz_entry *e = NULL;
     pthread_mutex_lock(&g_lock);
     cudnnHandle_t handle;
-    s = get_handle_stream(dev, &handle, &stream);   /* (one al_cu_begin: it also gives the stream) */
+    s = get_handle_stream(dev, &handle, &stream);
     if (s == AL_OK) {
         e = cache_get(&c->key, handle);
         if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "attention (fused): cuDNN refused the forward graph: %s", e->reason);
@@ -951,10 +863,10 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     if (s == AL_OK) s = aux_upload(c, a);
     if (s == AL_OK && e->ws > 0) s = al_cu_malloc(dev, e->ws, &ws);
     if (s == AL_OK && c->su.padding)
-        s = AL_CUDA_ST(cudaMemsetAsync(elem_ptr(out), 0, (size_t)(al_tensor_numel(out) * al_dtype_size(out->dtype)), stream));
+        s = AL_CUDA_ST(cudaMemsetAsync(al_tensor_data_ptr(out), 0, (size_t)(al_tensor_numel(out) * al_dtype_size(out->dtype)), stream));
     if (s == AL_OK) {
-        for (int r = R_Q; r <= R_O; r++) c->ptr[U_Q + r] = elem_ptr(c->t[r]);
-        c->ptr[U_STATS] = elem_ptr(lse);
+        for (int r = R_Q; r <= R_O; r++) c->ptr[U_Q + r] = al_tensor_data_ptr(c->t[r]);
+        c->ptr[U_STATS] = al_tensor_data_ptr(lse);
         bind_bias(c);
         set_scalars(c, e);
         s = run_entry(handle, e, c, ws);
@@ -962,7 +874,7 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     if (s == AL_OK && c->su.padding) {
         int64_t nrow = p->b * p->h * p->sq;
         if (nrow > 0) {
-            fz_lse_fixup<<<al_cu_grid(dev, nrow), AL_CU_THREADS, 0, stream>>>((float *)elem_ptr(lse),
+            fz_lse_fixup<<<al_cu_grid(dev, nrow), AL_CU_THREADS, 0, stream>>>((float *)al_tensor_data_ptr(lse),
                                                                              (const int32_t *)c->ptr[U_SEQ_Q], p->b, p->h, p->sq);
             s = AL_CUDA_ST(cudaGetLastError());
         }
@@ -994,7 +906,7 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
         if (chk[i]->dtype != q->dtype)
             return al_error(AL_ERR_ARG, "attention_backward (fused): %s must have q's dtype %s, got %s", chk_name[i],
                             al_dtype_name(q->dtype), al_dtype_name(chk[i]->dtype));
-        const char *why = layout_problem(chk[i], buf, sizeof buf);
+        const char *why = al_dnn_layout_problem(chk[i], buf, sizeof buf);
         if (why) return al_error(AL_ERR_ARG, "attention_backward (fused): %s: %s", chk_name[i], why);
     }
     if (!al_tensor_is_contiguous(lse)) return al_error(AL_ERR_ARG, "attention_backward (fused): lse must be contiguous [b,h,sq]");
@@ -1008,12 +920,12 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
     al_status s = AL_OK;
     {
         int64_t so[4], sd[4];
-        bhsd_strides(p->qkv_format, out, p->sq, so);
-        bhsd_strides(p->qkv_format, dout, p->sq, sd);
-        if (dout->dtype != q->dtype || memcmp(so, sd, sizeof so) != 0 || layout_problem(dout, buf, sizeof buf)) {
+        al_dnn_bhsd_strides(p->qkv_format, out, p->sq, so);
+        al_dnn_bhsd_strides(p->qkv_format, dout, p->sq, sd);
+        if (dout->dtype != q->dtype || memcmp(so, sd, sizeof so) != 0 || al_dnn_layout_problem(dout, buf, sizeof buf)) {
             s = al_tensor_empty(&dout_c, out->ndim, out->size, q->dtype, AL_DEVICE_CUDA, dev);
             if (s == AL_OK) s = al_cu_copy(&dout_c, dout);
-            if (s == AL_OK && layout_problem(&dout_c, buf, sizeof buf))
+            if (s == AL_OK && al_dnn_layout_problem(&dout_c, buf, sizeof buf))
                 s = al_error(AL_ERR_ARG, "attention_backward (fused): out: its layout does not suit cuDNN");
             dout = &dout_c;
         }
@@ -1026,7 +938,7 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
     int has[NROLE];
     for (int r = 0; r < NROLE; r++) {
         int kvside = r == R_K || r == R_V || r == R_DK || r == R_DV;
-        bhsd_strides(p->qkv_format, c->t[r], kvside ? p->skv : p->sq, str[r]);
+        al_dnn_bhsd_strides(p->qkv_format, c->t[r], kvside ? p->skv : p->sq, str[r]);
         has[r] = 1;
     }
     key_build(&c->key, pl, &c->su, 1, str, has);
@@ -1054,7 +966,7 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
     if (s == AL_OK && !c->key.deterministic) s = al_cu_malloc(dev, acc_bytes > 0 ? acc_bytes : 16, &acc);
     if (s == AL_OK) s = al_cu_malloc(dev, ssum_bytes > 0 ? ssum_bytes : 16, &ssum);
     if (s == AL_OK && c->key.has_bias) {
-        if (dbias && dbias->storage) c->ptr[U_DBIAS] = elem_ptr(dbias);
+        if (dbias && dbias->storage) c->ptr[U_DBIAS] = al_tensor_data_ptr(dbias);
         else {   /* the graph writes dBias whether or not the caller wants it */
             dbias_bytes = al_dtype_size(q->dtype);
             for (int d = 0; d < 4; d++) dbias_bytes *= pl->in.bias->size[d];
@@ -1073,9 +985,9 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
     if (s == AL_OK) {
         for (int r = 0; r < NROLE; r++) {
             static const int uid_of[NROLE] = {U_Q, U_K, U_V, U_O, U_DO, U_DQ, U_DK, U_DV};
-            c->ptr[uid_of[r]] = elem_ptr(c->t[r]);
+            c->ptr[uid_of[r]] = al_tensor_data_ptr(c->t[r]);
         }
-        c->ptr[U_STATS] = elem_ptr(lse);
+        c->ptr[U_STATS] = al_tensor_data_ptr(lse);
         bind_bias(c);   /* the backward graph re-reads the bias to rebuild the scores (dBias is U_DBIAS, above) */
         c->ptr[U_DQ_ACC] = acc;
         c->ptr[U_SOFTMAX_SUM] = ssum;
@@ -1083,8 +995,8 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
         s = run_entry(handle, e, c, ws);
     }
     if (s == AL_OK && learnable) {
-        fz_dsink<<<(unsigned)p->h, 256, 0, stream>>>((float *)elem_ptr(d_softmax_offset), (const float *)c->ptr[U_SINK],
-                                                   (const float *)elem_ptr(lse), (const float *)ssum, c->drop_scale,
+        fz_dsink<<<(unsigned)p->h, 256, 0, stream>>>((float *)al_tensor_data_ptr(d_softmax_offset), (const float *)c->ptr[U_SINK],
+                                                   (const float *)al_tensor_data_ptr(lse), (const float *)ssum, c->drop_scale,
                                                    p->b, p->h, p->sq);
         s = AL_CUDA_ST(cudaGetLastError());
     }
@@ -1114,8 +1026,7 @@ al_status al_cu_attn_fused_register(void) {
 
 /* Lua-visible (ffi.load of the plugin): "cudnn=9.19.0 plans=N builds=M". */
 extern "C" __attribute__((visibility("default"))) int64_t al_fused_info(char *buf, int64_t n) {
-    char v[32];
-    version_str(cudnnGetVersion(), v, sizeof v);
+    const char *v = al_dnn_version_text();
     pthread_mutex_lock(&g_lock);
     int cached = 0;
     for (int i = 0; i < FZ_CACHE_CAP; i++) cached += g_cache[i].used && g_cache[i].plan;

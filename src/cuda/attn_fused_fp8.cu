@@ -97,7 +97,6 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static f8_entry g_cache[FZ8_CACHE_CAP];
 static uint64_t g_tick;
 static cudnnHandle_t g_handle[AL_CU_MAX_DEVICES];
-static int g_cc[AL_CU_MAX_DEVICES];
 static int64_t g_builds;
 
 int64_t al_fz8_builds(void) {
@@ -109,79 +108,11 @@ int64_t al_fz8_builds(void) {
 
 static int is_fp8(int32_t dt) { return dt == AL_DTYPE_FP8_E4M3 || dt == AL_DTYPE_FP8_E5M2; }
 
-static uint64_t hash_key(const f8_key *k) {
-    const unsigned char *p = (const unsigned char *)k;
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ULL;
-    return h;
-}
+static_assert(sizeof(f8_key) % sizeof(int64_t) == 0, "f8_key must be whole int64 words (al_dnn_hash_words)");
 
-static void version_str(size_t v, char *buf, size_t n) {
-    snprintf(buf, n, "%zu.%zu.%zu", v / 10000, (v % 10000) / 100, v % 100);
-}
-
-/* The per-device handle of this path, bound to the calling thread's current stream. g_lock held. */
+/* The per-device handles of this path (cudnn_graph.cu's al_dnn_handle binds them; g_lock held). */
 static al_status get_handle(int32_t dev, cudnnHandle_t *out, cudaStream_t *stream) {
-    AL_TRY(al_cu_begin("attention (fused, fp8)", dev, stream));
-    if (!g_handle[dev]) {
-        cudnnHandle_t h;
-        AL_DNN_TRY(cudnnCreate(&h), "create handle");
-        g_handle[dev] = h;
-    }
-    AL_DNN_TRY(cudnnSetStream(g_handle[dev], *stream), "set stream");
-    *out = g_handle[dev];
-    return AL_OK;
-}
-
-static int cc_major(int32_t dev) {
-    if (!g_cc[dev]) {
-        int v = 0;
-        if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            (void)cudaGetLastError();
-            v = 0;
-        }
-        g_cc[dev] = v;
-    }
-    return g_cc[dev];
-}
-
-/* ---- geometry --------------------------------------------------------------------------------- */
-/* Logical [b,h,s,d] strides of a 4-d bshd/sbhd tensor. */
-static void bhsd_strides(int32_t fmt, const al_tensor *t, int64_t out[4]) {
-    if (fmt == AL_ATTN_FORMAT_SBHD) {
-        out[0] = t->stride[1]; out[1] = t->stride[2]; out[2] = t->stride[0]; out[3] = t->stride[3];
-    } else {
-        out[0] = t->stride[0]; out[1] = t->stride[2]; out[2] = t->stride[1]; out[3] = t->stride[3];
-    }
-}
-
-static void *elem_ptr(const al_tensor *t) {
-    return (char *)t->data + t->offset * al_dtype_size(t->dtype);
-}
-
-/* Why cuDNN cannot take this tensor as it is (NULL when it can). */
-static const char *layout_problem(const al_tensor *t, char *buf, size_t n) {
-    int64_t es = al_dtype_size(t->dtype);
-    int nd = t->ndim;
-    if (t->size[nd - 1] > 1 && t->stride[nd - 1] != 1) {
-        snprintf(buf, n, "head-dim stride is %lld, cuDNN needs 1", (long long)t->stride[nd - 1]);
-        return buf;
-    }
-    for (int d = 0; d < nd - 1; d++) {
-        if (t->size[d] > 1 && t->stride[d] == 0) {
-            snprintf(buf, n, "dim %d is broadcast (stride 0), which cuDNN rejects", d + 1);
-            return buf;
-        }
-        if (t->size[d] > 1 && (t->stride[d] * es) % 16 != 0) {
-            snprintf(buf, n, "stride %lld of dim %d is not a multiple of 16 bytes", (long long)t->stride[d], d + 1);
-            return buf;
-        }
-    }
-    if (((uintptr_t)elem_ptr(t)) % 16 != 0) {
-        snprintf(buf, n, "its first element is not 16-byte aligned (offset %lld elements)", (long long)t->offset);
-        return buf;
-    }
-    return NULL;
+    return al_dnn_handle(g_handle, dev, "attention (fused, fp8)", out, stream);
 }
 
 static void key_build(f8_key *k, const al_attn_plan *pl, int backward, const al_tensor *const t[NROLE]) {
@@ -194,7 +125,7 @@ static void key_build(f8_key *k, const al_attn_plan *pl, int backward, const al_
     k->bfmt = backward ? pl->in.fp8->bwd_format : 0;
     k->b = p->b; k->h = p->h; k->hg = p->hg; k->sq = p->sq; k->skv = p->skv; k->d = p->d_qk;
     for (int r = 0; r < NROLE; r++)
-        if (t[r]) bhsd_strides(p->qkv_format, t[r], k->str[r]);
+        if (t[r]) al_dnn_bhsd_strides(p->qkv_format, t[r], 0, k->str[r]);   /* bshd/sbhd only: no s_ext */
     k->causal = p->window_right == 0;
 }
 
@@ -394,7 +325,7 @@ static void build_backward(al_dnn_graph *g, const f8_key *k, int kfp8) {
 /* ---- cache -------------------------------------------------------------------------------------- */
 /* Find or build the entry for k (g_lock held). Never NULL: a refused graph has plan == NULL. */
 static f8_entry *cache_get(const f8_key *k, cudnnHandle_t handle) {
-    uint64_t h = hash_key(k);
+    uint64_t h = al_dnn_hash_words(k, sizeof *k);
     f8_entry *victim = NULL;
     for (int i = 0; i < FZ8_CACHE_CAP; i++) {
         f8_entry *e = &g_cache[i];
@@ -501,15 +432,15 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
     const al_attn_params *p = &pl->p;
     const al_attn_fp8 *f = pl->in.fp8;
     const al_tensor *q = pl->in.q, *k = pl->in.k, *v = pl->in.v;
-    char vs_[32], buf[128];
+    char buf[128];
     size_t ver = cudnnGetVersion();
-    version_str(ver, vs_, sizeof vs_);
+    const char *vs_ = al_dnn_version_text();
     if (q->device_type != AL_DEVICE_CUDA)
         NO("tensors are on the CPU; the fused backend's FP8 path (cuDNN %s) serves cuda tensors", vs_);
     if (ver < FZ8_MIN_VERSION) NO("cuDNN %s is older than 9.10.2, the oldest this backend accepts", vs_);
     int32_t dev = q->device_index;
     if (dev < 0 || dev >= al_cu_ndev) NO("device cuda:%d does not exist", dev);
-    int cc = cc_major(dev);
+    int cc = al_dnn_cc_major(dev);
     if (cc < 9) NO("cuDNN's FP8 SDPA needs Hopper (sm_90) or newer; cuda:%d is sm_%d.x", dev, cc);
     if (!is_fp8(q->dtype))
         NO("q, k, v are %s, not FP8 codes (a Lua or MXFP8 recipe fake-quantises them); cuDNN's FP8 SDPA on Hopper "
@@ -553,7 +484,7 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
            "Blackwell; on Hopper its FP8 SDPA writes O in FP8");
     const al_tensor *ts[3] = {q, k, v};
     for (int i = 0; i < 3; i++) {
-        const char *why = layout_problem(ts[i], buf, sizeof buf);
+        const char *why = al_dnn_layout_problem(ts[i], buf, sizeof buf);
         if (why) NO("%s: %s", role_name[i], why);
     }
 
@@ -635,8 +566,8 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     if (s == AL_OK) s = run_alloc(&r, dev, e);
     if (s == AL_OK) {
         const al_tensor *io[4] = {q, pl->in.k, pl->in.v, &o8};
-        for (int i = 0; i < 4; i++) r.ptr[U_Q + i] = elem_ptr(io[i]);
-        r.ptr[U_STATS] = elem_ptr(lse);
+        for (int i = 0; i < 4; i++) r.ptr[U_Q + i] = al_tensor_data_ptr(io[i]);
+        r.ptr[U_STATS] = al_tensor_data_ptr(lse);
         r.scale = (float)p->softmax_scale;
         SC(U_DESC_Q) = SC(U_DESC_K) = SC(U_DESC_V) = (float)f->qkv_scale_inv;
         SC(U_SCALE_S) = (float)sS;
@@ -688,7 +619,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     const al_tensor *q = pl->in.q;
     al_attn_fp8 *f = pl->in.fp8;
     int32_t dev = q->device_index;
-    int cc = cc_major(dev);
+    int cc = al_dnn_cc_major(dev);
     if (cc == 9 ? p->d_qk != 128 : p->d_qk > 128)
         return al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN's FP8 backward needs d_qk = d_v = %s on sm_%d.x, got d=%lld (the FP8 "
                         "forward ran; no other GPU backend has an FP8 backward: use bf16 or the cpu backend)", fn,
@@ -749,9 +680,9 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
         if (s == AL_OK) {
             for (int i = 0; i < NROLE; i++) {
                 static const int uid_of[NROLE] = {U_Q, U_K, U_V, U_O, U_DO, U_DQ, U_DK, U_DV};
-                r.ptr[uid_of[i]] = elem_ptr(t[i]);
+                r.ptr[uid_of[i]] = al_tensor_data_ptr(t[i]);
             }
-            r.ptr[U_STATS] = elem_ptr(lse);
+            r.ptr[U_STATS] = al_tensor_data_ptr(lse);
             r.scale = (float)a;
             SC(U_DESC_Q) = SC(U_DESC_K) = SC(U_DESC_V) = (float)f->qkv_scale_inv;
             SC(U_SCALE_S) = (float)sS;

@@ -5,6 +5,7 @@
  * graph, and execution through a variant pack.
  */
 #include "cuda/cudnn_graph.h"
+#include <pthread.h>
 #include <stdlib.h>
 
 al_status al_dnn_status(cudnnStatus_t s, const char *what) {
@@ -276,4 +277,84 @@ al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, const int64_t
     if (s == CUDNN_STATUS_SUCCESS) { s = cudnnBackendExecute(handle, plan, vp); what = "execute"; }
     cudnnBackendDestroyDescriptor(vp);
     return al_dnn_status(s, what);
+}
+
+/* ---- shared by the fused backend's paths ------------------------------------------------------- */
+uint64_t al_dnn_hash_words(const void *key, size_t nbytes) {
+    const int64_t *p = (const int64_t *)key;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < nbytes / sizeof(int64_t); i++) h = (h ^ (uint64_t)p[i]) * 1099511628211ULL;
+    return h;
+}
+
+static char g_version_text[32];
+static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;
+static void version_text_init(void) {
+    size_t v = cudnnGetVersion();
+    snprintf(g_version_text, sizeof g_version_text, "%zu.%zu.%zu", v / 10000, (v % 10000) / 100, v % 100);
+}
+const char *al_dnn_version_text(void) {
+    pthread_once(&g_version_once, version_text_init);
+    return g_version_text;
+}
+
+static int g_cc_major[AL_CU_MAX_DEVICES];
+int al_dnn_cc_major(int32_t dev) {
+    if (dev < 0 || dev >= AL_CU_MAX_DEVICES) return 0;
+    if (!g_cc_major[dev]) {
+        int v = 0;
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            v = 0;
+        }
+        g_cc_major[dev] = v;   /* a benign race: every writer stores the same value */
+    }
+    return g_cc_major[dev];
+}
+
+al_status al_dnn_handle(cudnnHandle_t handles[AL_CU_MAX_DEVICES], int32_t dev, const char *what, cudnnHandle_t *out,
+                        cudaStream_t *stream) {
+    AL_TRY(al_cu_begin(what, dev, stream));
+    if (!handles[dev]) {
+        cudnnHandle_t h;
+        AL_DNN_TRY(cudnnCreate(&h), "create handle");
+        handles[dev] = h;
+    }
+    AL_DNN_TRY(cudnnSetStream(handles[dev], *stream), "set stream");
+    *out = handles[dev];
+    return AL_OK;
+}
+
+void al_dnn_bhsd_strides(int32_t fmt, const al_tensor *t, int64_t s_ext, int64_t out[4]) {
+    if (fmt == AL_ATTN_FORMAT_SBHD) {
+        out[0] = t->stride[1]; out[1] = t->stride[2]; out[2] = t->stride[0]; out[3] = t->stride[3];
+    } else if (fmt == AL_ATTN_FORMAT_BSHD) {
+        out[0] = t->stride[0]; out[1] = t->stride[2]; out[2] = t->stride[1]; out[3] = t->stride[3];
+    } else {
+        out[0] = s_ext * t->stride[0]; out[1] = t->stride[1]; out[2] = t->stride[0]; out[3] = t->stride[2];
+    }
+}
+
+const char *al_dnn_layout_problem(const al_tensor *t, char *buf, size_t n) {
+    int64_t es = al_dtype_size(t->dtype);
+    int nd = t->ndim;
+    if (t->size[nd - 1] > 1 && t->stride[nd - 1] != 1) {
+        snprintf(buf, n, "head-dim stride is %lld, cuDNN needs 1", (long long)t->stride[nd - 1]);
+        return buf;
+    }
+    for (int d = 0; d < nd - 1; d++) {
+        if (t->size[d] > 1 && t->stride[d] == 0) {
+            snprintf(buf, n, "dim %d is broadcast (stride 0), which cuDNN rejects", d + 1);
+            return buf;
+        }
+        if (t->size[d] > 1 && (t->stride[d] * es) % 16 != 0) {
+            snprintf(buf, n, "stride %lld of dim %d is not a multiple of 16 bytes", (long long)t->stride[d], d + 1);
+            return buf;
+        }
+    }
+    if (((uintptr_t)al_tensor_data_ptr(t)) % 16 != 0) {
+        snprintf(buf, n, "its first element is not 16-byte aligned (offset %lld elements)", (long long)t->offset);
+        return buf;
+    }
+    return NULL;
 }

@@ -73,4 +73,23 @@ AL_CU_HIDDEN al_status al_dnn_build_plan(al_dnn_graph *g, cudnnHandle_t handle, 
 AL_CU_HIDDEN al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, const int64_t *uids,
                                       void *const *ptrs, void *workspace);
 
+/* ---- shared by the fused backend's paths (attn_fused.cu: f16/bf16, attn_fused_fp8.cu: FP8) ---------- */
+/* FNV-1a over a plan-cache key made of whole int64 words (nbytes a multiple of 8). */
+AL_CU_HIDDEN uint64_t al_dnn_hash_words(const void *key, size_t nbytes);
+/* "9.19.1": the loaded cuDNN's version, formatted once (reasons quote it on every supports() call). */
+AL_CU_HIDDEN const char *al_dnn_version_text(void);
+/* A device's compute capability major (cached; 0 when unknown). */
+AL_CU_HIDDEN int al_dnn_cc_major(int32_t dev);
+/* *out = handles[dev], created on first use, bound to the calling thread's current stream (given back
+ * in *stream). Each path keeps its own handle array and calls this with its own lock held: a handle's
+ * stream binding must not change between cudnnSetStream and the execute. */
+AL_CU_HIDDEN al_status al_dnn_handle(cudnnHandle_t handles[AL_CU_MAX_DEVICES], int32_t dev, const char *what,
+                                     cudnnHandle_t *out, cudaStream_t *stream);
+/* Logical [b,h,s,d] strides of a q/k/v/o-shaped tensor in format fmt (AL_ATTN_FORMAT_*); s_ext is the
+ * padded sequence extent (sq or skv), which thd's synthetic batch stride needs. */
+AL_CU_HIDDEN void al_dnn_bhsd_strides(int32_t fmt, const al_tensor *t, int64_t s_ext, int64_t out[4]);
+/* Why cuDNN cannot take this tensor as it is (NULL when it can): unit head-dim stride, no stride-0
+ * broadcast, 16-byte aligned address and strides. The text goes into buf. */
+AL_CU_HIDDEN const char *al_dnn_layout_problem(const al_tensor *t, char *buf, size_t n);
+
 #endif /* ATTNLAB_CUDA_CUDNN_GRAPH_H */
