@@ -86,7 +86,7 @@ $(CUDA_LIB): $(CUDA_OBJ) $(CORE_LIB)
 	$(NVCC) -shared -o $@.tmp $(CUDA_OBJ) -L$(LIBDIR) -lattnlab $(CUDA_LDLIBS) -Xlinker --no-undefined -Xlinker -rpath='$$ORIGIN' \
 		&& mv -f $@.tmp $@
 
-$(BUILD)/tests/%: tests/c/%.c tests/c/test_main.h $(CORE_LIB)
+$(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(AL_CFLAGS) $< -o $@ -L$(LIBDIR) -lattnlab $(AL_LDLIBS) -Wl,-rpath,$(abspath $(LIBDIR))
 

@@ -23,7 +23,7 @@
 #include "test_main.h"
 #include "cuda/flash_specs.h"
 
-#include <dlfcn.h>
+#include "nvrtc_test.h"
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
@@ -236,53 +236,7 @@ static void test_variant_source(void) {
 }
 
 /* ---- NVRTC (no GPU) ----------------------------------------------------------------------------------- */
-typedef int (*nv_create_fn)(void **, const char *, const char *, int, const char *const *, const char *const *);
-typedef int (*nv_compile_fn)(void *, int, const char *const *);
-typedef int (*nv_size_fn)(void *, size_t *);
-typedef int (*nv_get_fn)(void *, char *);
-typedef int (*nv_destroy_fn)(void **);
-static struct {
-    nv_create_fn create;
-    nv_compile_fn compile;
-    nv_size_fn log_size, cubin_size;
-    nv_get_fn log, cubin;
-    nv_destroy_fn destroy;
-} nv;
-
-static void *open_nvrtc(void) {
-    const char *cands[5];
-    int nc = 0;
-    const char *e = getenv("ATTNLAB_NVRTC_LIB");
-    if (e && *e) cands[nc++] = e;
-    cands[nc++] = "libnvrtc.so.13";
-    cands[nc++] = "libnvrtc.so.12";
-    cands[nc++] = "libnvrtc.so";
-    cands[nc++] = "/usr/local/cuda/lib64/libnvrtc.so";
-    for (int i = 0; i < nc; i++) {
-        void *h = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
-        if (h) return h;
-    }
-    return NULL;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
+static nvrtc_api nv;
 
 /* The hand-written variant the NVRTC test compiles: soft-capping at 15 plus a relative-position bias
  * (capture 1, f32 [h, 1023]) with its gradient, and a document mask (capture 0, i32 [b, 512]). */
@@ -294,76 +248,28 @@ static double now_ms(void) {
 
 typedef struct nv_job {
     al_flash_spec spec;
-    int ok, names_found;
-    double ms;
-    char msg[2048];
+    nvrtc_result r;
 } nv_job;
 
 static void nv_compile_job(nv_job *j, const char *kdir) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", kdir, al_flash_spec_file(&j->spec));
-    char *file = slurp(path);
+    char *file = test_slurp(path);
     char *pre = al_flash_variant_source(NV_SCORE, NV_GRAD, NV_MASK, j->spec.kind == AL_FLASH_BWD ? NV_CAPG : NULL,
                                         NV_PRELUDE, al_flash_spec_file(&j->spec));
-    if (!file || !pre) {
-        snprintf(j->msg, sizeof j->msg, "cannot read %s", path);
-        free(file);
-        free(pre);
-        return;
-    }
-    /* exactly what nvrtc_cache.cu compiles: prefix, a newline, the file */
-    size_t lp = strlen(pre), lf = strlen(file);
-    char *src = malloc(lp + lf + 2);
-    memcpy(src, pre, lp);
-    src[lp] = '\n';
-    memcpy(src + lp + 1, file, lf + 1);
-    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], o_inc[1100];
-    int n = al_flash_spec_options(&j->spec, opts);
-    snprintf(o_inc, sizeof o_inc, "-I%s", kdir);
-    const char *all[24];
-    int na = 0;
-    all[na++] = "--gpu-architecture=sm_90a";
-    all[na++] = "-default-device";
-    all[na++] = "-std=c++17";
-    all[na++] = o_inc;
-    for (int i = 0; i < n; i++) all[na++] = opts[i];
-    void *prog = NULL;
-    double t0 = now_ms();
-    if (nv.create(&prog, src, al_flash_spec_file(&j->spec), 0, NULL, NULL) != 0) {
-        snprintf(j->msg, sizeof j->msg, "nvrtcCreateProgram failed");
+    char *src = file && pre ? malloc(strlen(pre) + strlen(file) + 2) : NULL;
+    if (!src) {
+        memset(&j->r, 0, sizeof j->r);
+        snprintf(j->r.msg, sizeof j->r.msg, "cannot read %s", path);
     } else {
-        int rc = nv.compile(prog, na, all);
-        j->ms = now_ms() - t0;
-        size_t ll = 0;
-        nv.log_size(prog, &ll);
-        char *log = malloc(ll + 1);
-        log[0] = 0;
-        nv.log(prog, log);
-        log[ll] = 0;
-        if (rc != 0) {
-            snprintf(j->msg, sizeof j->msg, "compile failed: %.1900s", log);
-        } else {
-            size_t cn = 0;
-            nv.cubin_size(prog, &cn);
-            char *cub = malloc(cn ? cn : 1);
-            if (cn && nv.cubin(prog, cub) == 0) {
-                j->ok = 1;
-                const char *names[4];
-                int nf = al_flash_spec_functions(&j->spec, names);
-                j->names_found = 1;
-                for (int i = 0; i < nf; i++) {
-                    size_t k = strlen(names[i]);
-                    int hit = 0;
-                    for (size_t x = 0; x + k <= cn && !hit; x++) hit = memcmp(cub + x, names[i], k) == 0;
-                    j->names_found &= hit;
-                }
-            } else {
-                snprintf(j->msg, sizeof j->msg, "no cubin");
-            }
-            free(cub);
-        }
-        free(log);
-        nv.destroy(&prog);
+        /* exactly what nvrtc_cache.cu compiles: prefix, a newline, the file */
+        sprintf(src, "%s\n%s", pre, file);
+        char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
+        const char *o[AL_FLASH_MAX_OPTS], *names[4];
+        int n = al_flash_spec_options(&j->spec, opts);
+        for (int i = 0; i < n; i++) o[i] = opts[i];
+        int nf = al_flash_spec_functions(&j->spec, names);
+        nvrtc_compile_source(&nv, src, al_flash_spec_file(&j->spec), "sm_90a", kdir, o, n, names, nf, &j->r);
     }
     free(src);
     free(pre);
@@ -371,21 +277,12 @@ static void nv_compile_job(nv_job *j, const char *kdir) {
 }
 
 static void test_nvrtc_variant_kernels(void) {
-    void *h = open_nvrtc();
-    if (!h) {
-        printf("  nvrtc: libnvrtc not found (set ATTNLAB_NVRTC_LIB): NVRTC compiles skipped\n");
+    char why[512];
+    if (!nvrtc_load(&nv, why, sizeof why)) {
+        CHECK(strstr(why, "lacks") == NULL, "%s", why);   /* a broken library fails; a missing one skips */
+        printf("  nvrtc: %s: NVRTC compiles skipped\n", why);
         return;
     }
-    nv.create = (nv_create_fn)dlsym(h, "nvrtcCreateProgram");
-    nv.compile = (nv_compile_fn)dlsym(h, "nvrtcCompileProgram");
-    nv.log_size = (nv_size_fn)dlsym(h, "nvrtcGetProgramLogSize");
-    nv.log = (nv_get_fn)dlsym(h, "nvrtcGetProgramLog");
-    nv.cubin_size = (nv_size_fn)dlsym(h, "nvrtcGetCUBINSize");
-    nv.cubin = (nv_get_fn)dlsym(h, "nvrtcGetCUBIN");
-    nv.destroy = (nv_destroy_fn)dlsym(h, "nvrtcDestroyProgram");
-    CHECK(nv.create && nv.compile && nv.log_size && nv.log && nv.cubin_size && nv.cubin && nv.destroy,
-          "libnvrtc lacks an entry point");
-    if (t_current_failed) return;
     const char *kd = getenv("ATTNLAB_KERNEL_DIR");
     const char *kdir = kd && *kd ? kd : "kernels";
     /* fwd and bwd at d = 64 and 128 (bf16): causal + block mask; and one without a block mask */
@@ -406,16 +303,16 @@ static void test_nvrtc_variant_kernels(void) {
     s->d = 64;
     s->bf16 = 1;
     al_flash_spec_set_variant(s, NV_SCORE, NV_GRAD, NV_MASK, NULL, NV_PRELUDE, 0);
-    double t0 = now_ms();
+    double t0 = test_now_ms();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(2)
     for (int i = 0; i < nj; i++) nv_compile_job(&jobs[i], kdir);
-    double total = now_ms() - t0;
+    double total = test_now_ms() - t0;
     for (int i = 0; i < nj; i++) {
         char nm[128];
         al_flash_spec_name(&jobs[i].spec, nm, sizeof nm);
-        CHECK(jobs[i].ok, "%s: %s", nm, jobs[i].msg);
-        CHECK(!jobs[i].ok || jobs[i].names_found, "%s: the cubin lacks a kernel name", nm);
-        if (jobs[i].ok) printf("  nvrtc: %-48s %6.0f ms\n", nm, jobs[i].ms);
+        CHECK(jobs[i].r.ok, "%s: %s", nm, jobs[i].r.msg);
+        CHECK(!jobs[i].r.ok || jobs[i].r.names_found, "%s: the cubin lacks a kernel name", nm);
+        if (jobs[i].r.ok) printf("  nvrtc: %-48s %6.0f ms\n", nm, jobs[i].r.ms);
     }
     printf("  nvrtc: %d variant compiles in %.1f s wall\n", nj, total / 1e3);
 }

@@ -21,112 +21,13 @@
 #include "cuda/flash_specs.h"
 #include "cuda/flash_sm90_specs.h"
 
-#include <dlfcn.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-#include <time.h>
+#include "nvrtc_test.h"
 
-/* the NVRTC entry points used (nvrtc.h types reduced to what the ABI needs) */
-typedef int (*nvrtc_create_fn)(void **prog, const char *src, const char *name, int nh, const char *const *hs,
-                               const char *const *hn);
-typedef int (*nvrtc_compile_fn)(void *prog, int nopts, const char *const *opts);
-typedef int (*nvrtc_size_fn)(void *prog, size_t *n);
-typedef int (*nvrtc_get_fn)(void *prog, char *buf);
-typedef int (*nvrtc_destroy_fn)(void **prog);
-typedef int (*nvrtc_version_fn)(int *major, int *minor);
-typedef const char *(*nvrtc_errstr_fn)(int r);
-
-static struct {
-    nvrtc_create_fn create;
-    nvrtc_compile_fn compile;
-    nvrtc_size_fn log_size, cubin_size;
-    nvrtc_get_fn log, cubin;
-    nvrtc_destroy_fn destroy;
-    nvrtc_version_fn version;
-    nvrtc_errstr_fn errstr;
-} nv;
-
+static nvrtc_api nv;
 static char g_kdir[1024];
 static char *g_src[3];      /* flash_fwd.cu, flash_bwd.cu, flash_fwd_sm90.cu */
 
-static void *open_nvrtc(char *why, size_t n) {
-    const char *cands[6];
-    char c1[1100];
-    int nc = 0;
-    const char *e = getenv("ATTNLAB_NVRTC_LIB");
-    if (e && *e) cands[nc++] = e;
-    cands[nc++] = "libnvrtc.so.13";
-    cands[nc++] = "libnvrtc.so";
-    const char *ch = getenv("CUDA_HOME");
-    if (ch && *ch) {
-        snprintf(c1, sizeof c1, "%s/lib64/libnvrtc.so", ch);
-        cands[nc++] = c1;
-    }
-    cands[nc++] = "/usr/local/cuda/lib64/libnvrtc.so";
-    size_t u = (size_t)snprintf(why, n, "libnvrtc not found (tried");
-    for (int i = 0; i < nc; i++) {
-        void *h = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
-        if (h) return h;
-        if (u < n) u += (size_t)snprintf(why + u, n - u, " %s", cands[i]);
-    }
-    if (u < n) snprintf(why + u, n - u, "; set ATTNLAB_NVRTC_LIB)");
-    return NULL;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-typedef struct result {
-    int ok;
-    double ms;
-    int regs[3], spill[3];       /* per function, in al_flash_spec_functions order (-1 = not reported) */
-    int names_found;
-    char msg[2048];
-} result;
-
-/* The ptxas report of one function: "Compiling entry function 'NAME'" ... "N bytes spill stores" ...
- * "Used R registers". */
-static void parse_ptxas(const char *log, const char *name, int *regs, int *spill) {
-    char key[128];
-    snprintf(key, sizeof key, "entry function '%s'", name);
-    *regs = -1;
-    *spill = -1;
-    const char *p = strstr(log, key);
-    if (!p) return;
-    const char *next = strstr(p + 1, "entry function '");
-    const char *s = strstr(p, "bytes spill stores");
-    if (s && (!next || s < next)) {
-        const char *q = s;
-        while (q > p && q[-1] == ' ') q--;
-        while (q > p && q[-1] >= '0' && q[-1] <= '9') q--;
-        *spill = atoi(q);
-    }
-    const char *r = strstr(p, "Used ");
-    if (r && (!next || r < next)) *regs = atoi(r + 5);
-}
-
-static int memfind(const char *hay, size_t n, const char *needle) {
-    size_t k = strlen(needle);
-    for (size_t i = 0; i + k <= n; i++)
-        if (memcmp(hay + i, needle, k) == 0) return 1;
-    return 0;
-}
+typedef nvrtc_result result;
 
 /* the kernel names a specialisation's module must hold (sm90: the Hopper forward's one) */
 static int job_functions(const al_flash_spec *s, int sm90, const char **names) {
@@ -138,76 +39,23 @@ static int job_functions(const al_flash_spec *s, int sm90, const char **names) {
 }
 
 static void compile_one(const al_flash_spec *s, const char *arch, int sm90, result *r) {
-    memset(r, 0, sizeof *r);
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
+    const char *o[AL_FLASH_MAX_OPTS];
     int n = sm90 ? al_flash_sm90_spec_options(s, opts) : al_flash_spec_options(s, opts);
-    char o_arch[48], o_inc[1100];
-    snprintf(o_arch, sizeof o_arch, "--gpu-architecture=%s", arch);
-    snprintf(o_inc, sizeof o_inc, "-I%s", g_kdir);
-    const char *all[24];
-    int na = 0;
-    all[na++] = o_arch;
-    all[na++] = "-default-device";
-    all[na++] = "-std=c++17";
-    all[na++] = o_inc;
-    for (int i = 0; i < n; i++) all[na++] = opts[i];
-    all[na++] = "--ptxas-options=-v";
-    void *prog = NULL;
-    double t0 = now_ms();
-    int rc = sm90 ? nv.create(&prog, g_src[2], al_flash_sm90_spec_file(), 0, NULL, NULL)
-                  : nv.create(&prog, g_src[s->kind], al_flash_spec_file(s), 0, NULL, NULL);
-    if (rc != 0) {
-        snprintf(r->msg, sizeof r->msg, "nvrtcCreateProgram: %s", nv.errstr(rc));
-        return;
-    }
-    rc = nv.compile(prog, na, all);
-    r->ms = now_ms() - t0;
-    size_t ll = 0;
-    nv.log_size(prog, &ll);
-    char *log = malloc(ll + 1);
-    if (log) { log[0] = 0; nv.log(prog, log); log[ll] = 0; }
-    if (rc != 0) {
-        snprintf(r->msg, sizeof r->msg, "%s: %.1900s", nv.errstr(rc), log ? log : "");
-    } else {
-        const char *names[4];
-        int nf = job_functions(s, sm90, names);
-        for (int i = 0; i < nf; i++) parse_ptxas(log ? log : "", names[i], &r->regs[i], &r->spill[i]);
-        size_t cn = 0;
-        nv.cubin_size(prog, &cn);
-        char *cub = malloc(cn ? cn : 1);
-        if (cub && nv.cubin(prog, cub) == 0 && cn > 0) {
-            r->names_found = 1;
-            for (int i = 0; i < nf; i++) r->names_found &= memfind(cub, cn, names[i]);
-            r->ok = 1;
-        } else {
-            snprintf(r->msg, sizeof r->msg, "no cubin");
-        }
-        free(cub);
-    }
-    free(log);
-    nv.destroy(&prog);
+    for (int i = 0; i < n; i++) o[i] = opts[i];
+    const char *names[4];
+    int nf = job_functions(s, sm90, names);
+    nvrtc_compile_source(&nv, sm90 ? g_src[2] : g_src[s->kind], sm90 ? al_flash_sm90_spec_file() : al_flash_spec_file(s),
+                         arch, g_kdir, o, n, names, nf, r);
 }
 
 int main(void) {
     char why[512];
-    void *h = open_nvrtc(why, sizeof why);
-    if (!h) {
-        printf("c-test nvrtc_kernels: 0 passed, 0 failed, 1 skipped (%s)\n", why);
-        return 0;
-    }
-    nv.create = (nvrtc_create_fn)dlsym(h, "nvrtcCreateProgram");
-    nv.compile = (nvrtc_compile_fn)dlsym(h, "nvrtcCompileProgram");
-    nv.log_size = (nvrtc_size_fn)dlsym(h, "nvrtcGetProgramLogSize");
-    nv.log = (nvrtc_get_fn)dlsym(h, "nvrtcGetProgramLog");
-    nv.cubin_size = (nvrtc_size_fn)dlsym(h, "nvrtcGetCUBINSize");
-    nv.cubin = (nvrtc_get_fn)dlsym(h, "nvrtcGetCUBIN");
-    nv.destroy = (nvrtc_destroy_fn)dlsym(h, "nvrtcDestroyProgram");
-    nv.version = (nvrtc_version_fn)dlsym(h, "nvrtcVersion");
-    nv.errstr = (nvrtc_errstr_fn)dlsym(h, "nvrtcGetErrorString");
-    if (!nv.create || !nv.compile || !nv.log_size || !nv.log || !nv.cubin_size || !nv.cubin || !nv.destroy ||
-        !nv.version || !nv.errstr) {
-        printf("c-test nvrtc_kernels: 0 passed, 1 failed (libnvrtc lacks an entry point: %s)\n", dlerror());
-        return 1;
+    if (!nvrtc_load(&nv, why, sizeof why)) {
+        /* missing library: skipped; a library without an entry point: a failure */
+        int broken = strstr(why, "lacks") != NULL;
+        printf("c-test nvrtc_kernels: 0 passed, %d failed, %d skipped (%s)\n", broken, !broken, why);
+        return broken;
     }
     int major = 0, minor = 0;
     nv.version(&major, &minor);
@@ -217,9 +65,9 @@ int main(void) {
     snprintf(p0, sizeof p0, "%s/flash_fwd.cu", g_kdir);
     snprintf(p1, sizeof p1, "%s/flash_bwd.cu", g_kdir);
     snprintf(p2, sizeof p2, "%s/%s", g_kdir, al_flash_sm90_spec_file());
-    g_src[0] = slurp(p0);
-    g_src[1] = slurp(p1);
-    g_src[2] = slurp(p2);
+    g_src[0] = test_slurp(p0);
+    g_src[1] = test_slurp(p1);
+    g_src[2] = test_slurp(p2);
     t_current = "kernel sources";
     t_current_failed = 0;
     CHECK(g_src[0] && g_src[1] && g_src[2], "cannot read %s, %s and %s (run from the repository root or set "
@@ -264,10 +112,10 @@ int main(void) {
     printf("nvrtc_kernels: NVRTC %d.%d, %d compiles (%d specialisations for sm_90a, %d for sm_80, %d of the Hopper "
            "forward), kernels in %s\n", major, minor, njobs, n90, njobs - n90 - nh, nh, g_kdir);
     fflush(stdout);
-    double t0 = now_ms();
+    double t0 = test_now_ms();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int j = 0; j < njobs; j++) compile_one(&specs[j], archs[j], sm90[j], &res[j]);
-    double total = now_ms() - t0;
+    double total = test_now_ms() - t0;
 
     for (int j = 0; j < njobs; j++) {
         char name[96], tname[160];
