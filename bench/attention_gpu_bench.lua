@@ -25,43 +25,12 @@ end
 local quick = arg and arg[1] == "--quick"
 local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 
-local out_path = os.getenv("ATTNLAB_BENCH_OUT")
-local jf = out_path and assert(io.open(out_path, "a"))
-
-local function json(rec)
-  local parts = {}
-  local keys = {}
-  for k in pairs(rec) do keys[#keys + 1] = k end
-  table.sort(keys)
-  for _, k in ipairs(keys) do
-    local v = rec[k]
-    local s
-    if type(v) == "string" then s = string.format("%q", v):gsub("\\\n", "\\n")
-    elseif type(v) == "boolean" then s = tostring(v)
-    elseif type(v) == "number" then s = (v ~= v or v == math.huge or v == -math.huge) and "null" or string.format("%.6g", v)
-    else s = "null" end
-    parts[#parts + 1] = string.format("%q", k) .. ": " .. s
-  end
-  return "{" .. table.concat(parts, ", ") .. "}"
-end
-local function emit(rec)
-  rec.source = "attnlab"
-  if jf then jf:write(json(rec), "\n"); jf:flush() end
-end
+local emit = al.results.bench_emit
 
 local wall = al.clock
 
 -- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
-local function gpu_time(fn)
-  for _ = 1, WARMUP do fn() end
-  al.cuda.synchronize()
-  local e0, e1 = al.cuda.Event(), al.cuda.Event()
-  e0:record()
-  for _ = 1, ITERS do fn() end
-  e1:record()
-  e1:synchronize()
-  return e0:elapsed_time(e1) / ITERS
-end
+local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = ITERS }) end
 
 local info = al.cuda.device_info(0)
 local cudnn = "?"
@@ -151,4 +120,3 @@ do
   end)
   if not ok then print("host overhead: fused failed: " .. tostring(err)) end
 end
-if jf then jf:close() end

@@ -25,19 +25,7 @@ for _, a in ipairs(arg or {}) do flags[a] = true end
 local quick = flags["--quick"]
 local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 
-local out_path = os.getenv("ATTNLAB_BENCH_OUT")
-local jf = out_path and assert(io.open(out_path, "a"))
-local function emit(rec)
-  if not jf then return end
-  local parts = {}
-  for k, v in pairs(rec) do
-    local s = type(v) == "number" and string.format("%.6g", v) or string.format("%q", tostring(v))
-    parts[#parts + 1] = string.format("%q: %s", k, s)
-  end
-  table.sort(parts)
-  jf:write("{\"source\": \"attnlab\", ", table.concat(parts, ", "), "}\n")
-  jf:flush()
-end
+local emit = al.results.bench_emit
 
 local info_fn
 do
@@ -145,16 +133,8 @@ end
 ---------------------------------------------------------------------------------------------------
 -- timing
 ---------------------------------------------------------------------------------------------------
-local function gpu_time(fn)
-  for _ = 1, WARMUP do fn() end
-  al.cuda.synchronize()
-  local e0, e1 = al.cuda.Event(), al.cuda.Event()
-  e0:record()
-  for _ = 1, ITERS do fn() end
-  e1:record()
-  e1:synchronize()
-  return e0:elapsed_time(e1) / ITERS
-end
+-- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
+local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = ITERS }) end
 
 local SHAPES = { { 4, 16, 4096, 128 }, { 2, 16, 8192, 128 }, { 1, 16, 16384, 128 }, { 4, 32, 4096, 64 }, { 4, 16, 4096, 256 } }
 if quick then SHAPES = { { 4, 16, 4096, 128 } } end
@@ -199,5 +179,4 @@ for _, sh in ipairs(SHAPES) do
   al.cuda.empty_cache()
 end
 print("\nNVRTC / cache: " .. (info_fn and info_fn() or "(al_flash_info unavailable)"))
-if jf then jf:close() end
 os.exit(failures > 0 and 1 or 0)

@@ -35,30 +35,10 @@ end
 
 local quick = arg and arg[1] == "--quick"
 local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
-local out_path = os.getenv("ATTNLAB_BENCH_OUT")
-local jf = out_path and assert(io.open(out_path, "a"))
-local function emit(rec)
-  if not jf then return end
-  local parts = {}
-  for k, v in pairs(rec) do
-    local s = type(v) == "number" and string.format("%.6g", v) or string.format("%q", tostring(v))
-    parts[#parts + 1] = string.format("%q: %s", k, s)
-  end
-  table.sort(parts)
-  jf:write("{" .. table.concat(parts, ", ") .. ', "source": "attnlab"}\n')
-  jf:flush()
-end
+local emit = al.results.bench_emit
 
-local function gpu_time(fn)
-  for _ = 1, WARMUP do fn() end
-  al.cuda.synchronize()
-  local e0, e1 = al.cuda.Event(), al.cuda.Event()
-  e0:record()
-  for _ = 1, ITERS do fn() end
-  e1:record()
-  e1:synchronize()
-  return e0:elapsed_time(e1) / ITERS
-end
+-- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
+local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = ITERS }) end
 
 local cudnn = "?"
 do
@@ -155,4 +135,3 @@ for _, sh in ipairs(SHAPES) do
   collectgarbage()
   al.cuda.empty_cache()
 end
-if jf then jf:close() end

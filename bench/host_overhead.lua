@@ -26,8 +26,6 @@ local C = require("attnlab.ffi").C
 
 local N = tonumber(arg and arg[1]) or 10000
 local clock = al.clock
-local out_path = os.getenv("ATTNLAB_BENCH_OUT")
-local jf = out_path and assert(io.open(out_path, "a"))
 
 -- best of 3 rounds of N calls of fn(n) (fn runs its own loop: the loop is what gets compiled); returns
 -- wall-clock and process-CPU (os.clock) microseconds per call: on a shared, loaded machine the CPU
@@ -50,11 +48,8 @@ end
 
 local function row(device, phase, what, us, cpu_us)
   print(string.format("  %-5s %-14s %-44s %8.3f us/call wall %8.3f us/call cpu", device, phase, what, us, cpu_us))
-  if jf then
-    jf:write(string.format('{"kind": "host_phase", "source": "attnlab", "device": "%s", "phase": "%s", "what": "%s", "us_per_call": %.4f, "cpu_us_per_call": %.4f, "calls": %d}\n',
-      device, phase, what, us, cpu_us, N))
-    jf:flush()
-  end
+  al.results.bench_emit({ kind = "host_phase", device = device, phase = phase, what = what, us_per_call = us,
+    cpu_us_per_call = cpu_us, calls = N })
 end
 
 -- phases (a), (b) and the full call for one argument table; returns nothing (prints rows)
@@ -126,4 +121,3 @@ if al.cuda and al.cuda.available() then
 else
   print("  (no usable GPU: phase (d), the cached fused/flash call, is skipped)")
 end
-if jf then jf:close() end

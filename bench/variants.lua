@@ -70,16 +70,8 @@ local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 local dev = al.cuda.device_info(0)
 print(string.format("variants bench on %s (sm_%d%d)", dev.name, dev.capability[1], dev.capability[2]))
 
-local function gpu_time(fn)
-  for _ = 1, WARMUP do fn() end
-  al.cuda.synchronize()
-  local e0, e1 = al.cuda.Event(), al.cuda.Event()
-  e0:record()
-  for _ = 1, ITERS do fn() end
-  e1:record()
-  e1:synchronize()
-  return e0:elapsed_time(e1) / ITERS
-end
+-- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
+local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = ITERS }) end
 
 -- forward ms and forward+backward ms of one configuration
 local function measure(args)

@@ -921,6 +921,22 @@ local function piece(S, view, i, owner, s0, s1, kv)
   return v, valid
 end
 
+
+-- The p2p ring driver: cp steps of compute(step, kv blocks held now), the next kv block travelling one
+-- rank on while this one computes (on a comm stream when overlapping on a GPU); after_compute(ov), when
+-- given, runs after each step's compute (the backward sends dk/dv on there).
+local function ring(S, kvcur, compute, after_compute)
+  local g, ranks, cp = S.group, S.ranks, S.cp
+  local ov = (S.overlap and S.q[ranks[1]]:is_cuda()) and make_streams(g, ranks, S.q, S.cp_stream) or nil
+  for step = 0, cp - 1 do
+    local h
+    if step < cp - 1 then h = exchange_start(g, ranks, kvcur, 1, ov) end
+    if ov then with_streams(ov, "compute", ranks, function() compute(step, kvcur) end) else compute(step, kvcur) end
+    if after_compute then after_compute(ov) end
+    if h then kvcur = exchange_wait(h, ranks) end
+  end
+  finish_streams(ov, ranks)
+end
 local function p2p_forward(S)
   local g, ranks, cp = S.group, S.ranks, S.cp
   local st = {}
@@ -954,14 +970,7 @@ local function p2p_forward(S)
     end
   end
   -- (streams made after the accumulators were filled: the compute streams start after that work)
-  local ov = (S.overlap and S.q[ranks[1]]:is_cuda()) and make_streams(g, ranks, S.q, S.cp_stream) or nil
-  for step = 0, cp - 1 do
-    local h
-    if step < cp - 1 then h = exchange_start(g, ranks, kvcur, 1, ov) end
-    if ov then with_streams(ov, "compute", ranks, function() compute(step, kvcur) end) else compute(step, kvcur) end
-    if h then kvcur = exchange_wait(h, ranks) end
-  end
-  finish_streams(ov, ranks)
+  ring(S, kvcur, compute)
   return st
 end
 
@@ -1003,18 +1012,10 @@ local function p2p_backward(S, st, dout)
       end
     end
   end
-  local ov = (S.overlap and S.q[ranks[1]]:is_cuda()) and make_streams(g, ranks, S.q, S.cp_stream) or nil
-  for step = 0, cp - 1 do
-    local h
-    if step < cp - 1 then h = exchange_start(g, ranks, kvcur, 1, ov) end
-    if ov then with_streams(ov, "compute", ranks, function() compute(step, kvcur) end) else compute(step, kvcur) end
-    -- dk/dv follow their kv block, after this step's compute; after cp sends they are back at their owner.
-    -- Overlapped, they go on the comm stream too (behind the next kv block): one stream for every NCCL
-    -- call of the communicator, so no two of its kernels wait on each other across streams.
-    dkv = exchange_wait(exchange_start(g, ranks, dkv, 1, ov), ranks)
-    if h then kvcur = exchange_wait(h, ranks) end
-  end
-  finish_streams(ov, ranks)
+  -- dk/dv follow their kv block, after each step's compute; after cp sends they are back at their owner.
+  -- Overlapped, they go on the comm stream too (behind the next kv block): one stream for every NCCL
+  -- call of the communicator, so no two of its kernels wait on each other across streams.
+  ring(S, kvcur, compute, function(ov) dkv = exchange_wait(exchange_start(g, ranks, dkv, 1, ov), ranks) end)
   local res = {}
   for _, r in ipairs(ranks) do res[r] = { dq[r].full, dkv[r][1], dkv[r][2] } end
   return res

@@ -112,6 +112,22 @@ function M.chart(rows, opts)
   return fig
 end
 
+-- al.results.bench_emit(row): appends row, with source = "attnlab", as one JSON line to the file named
+-- by $ATTNLAB_BENCH_OUT (the benchmarks' common output, read by scripts/bench_report.lua and
+-- scripts/bench_compare.py beside the peer's); does nothing when the variable is unset.
+local bench_out   -- the open writer, or false when $ATTNLAB_BENCH_OUT is unset
+function M.bench_emit(row)
+  if type(row) ~= "table" then error("results.bench_emit: row: expected a table, got " .. type(row), 2) end
+  if bench_out == nil then
+    local path = os.getenv("ATTNLAB_BENCH_OUT")
+    bench_out = path and path ~= "" and M.jsonl(path, { append = true }) or false
+  end
+  if not bench_out then return end
+  local rec = { source = "attnlab" }
+  for k, v in pairs(row) do rec[k] = v end
+  bench_out:write(rec)
+end
+
 function M.install(al)
   al.results = M
 end

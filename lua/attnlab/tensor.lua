@@ -767,6 +767,29 @@ function Event:elapsed_time(stop)
   check(C.al_cuda_event_elapsed(self.handle, stop.handle, ms), "Event:elapsed_time")
   return ms[0]
 end
+
+-- al.cuda.time(fn, {warmup = 3, iters = 10, device = 0}) -> mean milliseconds of fn() over iters calls
+-- after warmup calls, measured by CUDA events on the current stream (a GPU call returns before its
+-- kernels finish, so a host clock would time the launches, not the work).
+function cuda.time(fn, opts)
+  if type(fn) ~= "function" then error("cuda.time: fn: expected a function, got " .. type(fn), 2) end
+  opts = opts or {}
+  local warmup, iters = opts.warmup or 3, opts.iters or 10
+  if type(iters) ~= "number" or iters < 1 or iters % 1 ~= 0 then
+    error("cuda.time: iters: expected a positive integer, got " .. tostring(iters), 2)
+  end
+  if type(warmup) ~= "number" or warmup < 0 or warmup % 1 ~= 0 then
+    error("cuda.time: warmup: expected an integer >= 0, got " .. tostring(warmup), 2)
+  end
+  for _ = 1, warmup do fn() end
+  cuda.synchronize(opts.device)
+  local e0, e1 = cuda.Event(opts.device), cuda.Event(opts.device)
+  e0:record()
+  for _ = 1, iters do fn() end
+  e1:record()
+  e1:synchronize()
+  return e0:elapsed_time(e1) / iters
+end
 M.cuda = cuda
 
 -- al.memory(): bytes in use and peak per device, plus the live storage count.

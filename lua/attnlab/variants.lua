@@ -1062,11 +1062,10 @@ function Variant:_bwd_kernel()
   if self.bwd_fn then return self.bwd_fn end
   local dexpr = self.score_root and gen_lua(self.score_grad_root, NAMES) or "grad"
   local acc = {}
-  for gi, g in ipairs(self.cap_grads or {}) do
+  for _, g in ipairs(self.cap_grads or {}) do
     local off = gen_lua(offset_node(g.load.args, g.rec.strides), NAMES)
     acc[#acc + 1] = string.format("do local o = %s; local G = GR[%d]; G[o] = G[o] + %s end", off, g.rec.k + 1,
       gen_lua(g.term, NAMES))
-    local _ = gi
   end
   local src = lua_header(self.captures, "score_mod") .. [[
 return function(SR, DS, Kp, B, H, SQ, SKV, scale, GR)

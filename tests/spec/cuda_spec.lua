@@ -486,3 +486,26 @@ describe("cuda streams #gpu", function()
     assert.equal(before, al.memory().cuda[0].in_use)
   end)
 end)
+
+describe("al.cuda.time", function()
+  it("checks its arguments before touching a device", function()
+    assert.has_error(function() al.cuda.time(3) end, "cuda.time: fn: expected a function, got number")
+    assert.has_error(function() al.cuda.time(function() end, { iters = 0 }) end,
+      "cuda.time: iters: expected a positive integer, got 0")
+    assert.has_error(function() al.cuda.time(function() end, { warmup = -1 }) end,
+      "cuda.time: warmup: expected an integer >= 0, got -1")
+  end)
+end)
+
+describe("al.cuda.time #gpu", function()
+  it("calls fn warmup + iters times and returns the mean event time, which grows with the work", function()
+    if not need_gpu() then return end
+    local calls = 0
+    local a = al.randn({ 1024, 1024 }, { device = "cuda" })
+    local ms1 = al.cuda.time(function() calls = calls + 1; al.matmul(a, a) end, { warmup = 2, iters = 5 })
+    assert.equal(7, calls)
+    assert.is_true(ms1 > 0, tostring(ms1))
+    local ms8 = al.cuda.time(function() for _ = 1, 8 do al.matmul(a, a) end end, { warmup = 1, iters = 5 })
+    assert.is_true(ms8 > 2 * ms1, string.format("8 matmuls %.4f ms vs 1 matmul %.4f ms", ms8, ms1))
+  end)
+end)

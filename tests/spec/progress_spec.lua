@@ -61,6 +61,24 @@ describe("al.progress", function()
 end)
 
 describe("al.results", function()
+  it("bench_emit appends tagged JSON lines to $ATTNLAB_BENCH_OUT, and does nothing without it", function()
+    local root = (debug.getinfo(1, "S").source:match("^@(.*)/tests/spec/[^/]*$")) or "."
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w")); f:write('{"kept": 1}\n'); f:close()
+    local code = "al.results.bench_emit{kind = 'x', ms = 1.5, bad = 0/0}; al.results.bench_emit{kind = 'y'}"
+    local launcher = root .. "/scripts/attnlab"
+    assert.is_true(os.execute("ATTNLAB_BENCH_OUT='" .. path .. "' '" .. launcher .. "' -e \"" .. code .. "\"") == 0)
+    assert.is_true(os.execute("ATTNLAB_BENCH_OUT= '" .. launcher .. "' -e \"" .. code .. "\"") == 0)
+    local rows = al.results.read(path)
+    os.remove(path)
+    assert.equal(3, #rows)
+    assert.equal(1, rows[1].kept)
+    assert.same({ "x", "attnlab", 1.5 }, { rows[2].kind, rows[2].source, rows[2].ms })
+    assert.is_nil(rows[2].bad)   -- NaN is written as null
+    assert.same({ "y", "attnlab" }, { rows[3].kind, rows[3].source })
+    assert.has_error(function() al.results.bench_emit(3) end, "results.bench_emit: row: expected a table, got number")
+  end)
+
   it("JSON lines round-trip: strings with quotes and newlines, floats, nested tables", function()
     local path = os.tmpname()
     local w = al.results.jsonl(path)
