@@ -35,7 +35,7 @@ local function note(fmt, ...) log[#log + 1] = string.format(fmt, ...) end
 local function cpu_args(a)
   local c = {}
   for k, v in pairs(a) do
-    if type(v) == "table" and v.raw then c[k] = v:cpu() else c[k] = v end
+    if al.is_tensor(v) then c[k] = v:cpu() else c[k] = v end
   end
   return c
 end

@@ -2,7 +2,7 @@
 -- accuracy against the bf16 path (TE's bar RMSE / range < 0.11) and prefix-invariance under causal masking.
 local al = require "attnlab"
 
-local function maxdiff(a, b) return al.max_abs_diff and al.max_abs_diff(a, b) or (a:to("f64") - b:to("f64")):abs():max():item() end
+local function maxdiff(a, b) return al.max_abs_diff and al.max_abs_diff(a, b) or (a:to("f64") - b:to("f64")):abs():max() end
 local function bytes_equal(a, b)
   local x, y = a:to("u8"), b:to("u8")   -- FP8 codes as integers? (conversion would decode): compare decoded values bitwise below
   return x, y

@@ -487,7 +487,8 @@ describe("the declared path under the JIT", function()
     local a = { qkv_layer = buf, qkv_interleave_dim = -3, qkv_format = "bshd" }
     local u = al.attention.unpack_qkv
     local log = os.tmpname()
-    local jv = require "jit.v"
+    local has_jv, jv = pcall(require, "jit.v")
+    if not has_jv then pending("LuaJIT's jit.v module is not on package.path here") return end
     jit.flush()
     jv.start(log)
     for _ = 1, 20000 do local _q, _k, _v, l = u(a) end
