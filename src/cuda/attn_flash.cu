@@ -401,9 +401,6 @@ static al_status fl_forward_inner(fl_ctx *c, const al_attn_plan *pl, al_tensor *
     const al_tensor *q = pl->in.q;
     const al_flash_spec spec = spec_of(pl, AL_FLASH_FWD);
     const al_flash_tiles tl = al_flash_spec_tiles(&spec);
-    CUfunction fns[4];
-    int nf = 0;
-    AL_TRY(get_functions(c->dev, pl, &spec, fns, &nf));
 
     int64_t osize[4];
     const int nd = q->ndim;
@@ -424,10 +421,14 @@ static al_status fl_forward_inner(fl_ctx *c, const al_attn_plan *pl, al_tensor *
         AL_CUDA_TRY(cudaMemsetAsync(al_tensor_data_ptr(out), 0, (size_t)nbytes, c->s));
     }
     if (p->sq == 0 || p->b == 0) return AL_OK;
-    /* the Hopper (wgmma/TMA) forward where it applies: opt-in (ATTNLAB_FLASH_SM90=1) until verified */
+    /* the Hopper (wgmma/TMA) forward where it applies (ATTNLAB_FLASH_SM90=0 turns it off); the
+     * stage-1 kernel is compiled only when it does not */
     int done = 0;
     AL_TRY(al_flash_sm90_forward(c->dev, pl, &prm, c->s, &done));
     if (done) return AL_OK;
+    CUfunction fns[4];
+    int nf = 0;
+    AL_TRY(get_functions(c->dev, pl, &spec, fns, &nf));
     const unsigned gx = (unsigned)((p->sq + tl.bm - 1) / tl.bm);
     return launch(fns[0], "al_flash_fwd", gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads, (unsigned)tl.smem,
                   c->s, &prm);

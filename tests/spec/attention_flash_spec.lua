@@ -274,6 +274,55 @@ describe("attention flash backend #gpu", function()
     local buf = ffi.new("char[8192]")
     lib.al_flash_info(buf, 8192)
     local s = ffi.string(buf)
-    assert(s:find("nvrtc=", 1, true) and s:find("fwd d64 bf16 causal-tl", 1, true), s)
+    -- sm_90 serves this forward with its wgmma kernel; other devices (or ATTNLAB_FLASH_SM90=0) use stage 1
+    local sm90 = al.cuda.device_info(0).capability[1] == 9 and os.getenv("ATTNLAB_FLASH_SM90") ~= "0"
+    assert(s:find("nvrtc=", 1, true) and s:find(sm90 and "fwd-sm90 d64 bf16 causal-tl" or "fwd d64 bf16 causal-tl", 1, true), s)
+  end)
+
+  -- The Hopper forward (wgmma/TMA) and the stage-1 forward (mma.sync) are two implementations of one
+  -- contract: on an sm_90 device both must give the CPU oracle's output and lse, on the same inputs.
+  it("the sm_90 forward and the stage-1 forward agree with the CPU oracle (ATTNLAB_FLASH_SM90=0 / default)", function()
+    if not HAS_GPU then pending("no GPU") return end
+    if al.cuda.device_info(0).capability[1] ~= 9 then pending("not an sm_90 device") return end
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+    local before = os.getenv("ATTNLAB_FLASH_SM90")
+    local shapes = {
+      { "bshd d=128 causal GQA", function(R) return with(sep(R, "bshd", { sq = 300, d = 128 }), { attn_mask_type = "causal" }) end },
+      { "sbhd d=64 window", function(R) return with(sep(R, "sbhd", { sq = 200, d = 64 }),
+        { attn_mask_type = "causal_bottom_right", window_size = { 40, 0 } }) end },
+      { "bshd d=256 sq<skv bottom-right", function(R) return with(sep(R, "bshd", { sq = 70, skv = 190, d = 256 }),
+        { attn_mask_type = "causal_bottom_right" }) end },
+    }
+    local ok, err = pcall(function()
+      for _, sh in ipairs(shapes) do
+        al.manual_seed(77)
+        local ca = sh[2](rng("cpu", "bf16"))
+        al.manual_seed(77)
+        local ga = sh[2](rng("cuda", "bf16"))
+        ca.backend, ga.backend = "cpu", "flash"
+        local co, cctx = forward(ca)
+        local outs = {}
+        for _, mode in ipairs({ "0", "1" }) do
+          ffi.C.setenv("ATTNLAB_FLASH_SM90", mode, 1)
+          local go, gctx = forward(ga)
+          close(sh[1] .. " out (ATTNLAB_FLASH_SM90=" .. mode .. ")", go, co, TOL.bf16)
+          close_values(sh[1] .. " lse (ATTNLAB_FLASH_SM90=" .. mode .. ")", values(gctx.lse), values(cctx.lse), 1e-4)
+          outs[mode] = go
+        end
+        -- two kernels, two summation orders: close, and not the same bits by accident of a fallback
+        assert(al.max_abs_diff(outs["0"], outs["1"]) <= 2 * TOL.bf16, sh[1] .. ": the two forwards disagree")
+      end
+    end)
+    if before then ffi.C.setenv("ATTNLAB_FLASH_SM90", before, 1) else ffi.C.unsetenv("ATTNLAB_FLASH_SM90") end
+    assert(ok, err)
+    -- both kernels ran: the info log names a stage-1 forward and an sm90 forward of the last shape
+    local ok2, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
+    assert(ok2, tostring(lib))
+    pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
+    local buf = ffi.new("char[16384]")
+    lib.al_flash_info(buf, 16384)
+    local s = ffi.string(buf)
+    assert(s:find("fwd-sm90 d256 bf16 causal-br", 1, true) and s:find("fwd d256 bf16 causal-br", 1, true), s)
   end)
 end)
