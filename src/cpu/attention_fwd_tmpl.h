@@ -45,7 +45,7 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
         REAL *Q = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * DQK));
         REAL *S = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * AL_ATTN_BN));
         REAL *O = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * DV));
-        REAL m[AL_ATTN_BM], l[AL_ATTN_BM], raw[AL_ATTN_BM], L8[AL_ATTN_BM];
+        REAL m[AL_ATTN_BM], l[AL_ATTN_BM], raw[AL_ATTN_BM];
         double *am8 = f8 ? f8->amax_thr + (size_t)tid * 6 : NULL;
         float *mthr = maxlog_thr ? maxlog_thr + (size_t)tid * (size_t)H : NULL;
         int64_t cb = -1, ch = -1;
@@ -87,16 +87,12 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
             al_attn_kv_range(pl, bb, i0, bm, &jlo, &jhi);
             const float slope = alibi ? pl->alibi[bb * H + hh] : 0.0f;
             const int64_t diag = pl->diag[bb];
-            /* FP8: two passes over the keys. Pass 0 finds each row's max and sum (the LSE); pass 1
-             * forms the final softmax P = exp(s - lse), quantises -> dequantises it with the S scale
-             * (the S slot: P as the P.V GEMM reads it), then accumulates O = P V (already normalised). */
-            for (int pass = f8 ? 0 : 1; pass < 2; pass++) {
-            if (f8 && pass == 1) {
-                for (int64_t r = 0; r < bm; r++) {
-                    const REAL mu = m[r] == (REAL)-INFINITY ? (REAL)0 : m[r];
-                    L8[r] = l[r] > 0 ? (REAL)(mu + log(l[r])) : (REAL)INFINITY;   /* +inf: P = 0 */
-                }
-            }
+            /* FP8 (S slot): as cuDNN's FP8 flash kernel does, the P that the P.V GEMM reads is the
+             * unnormalised exp(s - m) against the running row max of the key tiles seen so far (so its
+             * values are <= 1), quantised -> dequantised with the S scale; the row sum l is kept unquantised
+             * and O is divided by it at the end. amax_S is the normalised maximum, max_j P = exp(raw - m) / l,
+             * as cuDNN reports it. Consequence (measured on an H200 with cuDNN 9.14): a scale_S taken from
+             * an amax_S < 1 saturates the largest unnormalised P. */
             for (int64_t j0 = jlo; j0 < jhi; j0 += AL_ATTN_BN) {
                 const int64_t bn = jhi - j0 < AL_ATTN_BN ? jhi - j0 : AL_ATTN_BN;
                 /* S = scale * Q K^T (the scale rides on the GEMM's alpha) */
@@ -125,21 +121,6 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
                                 if (al_attn_masked(pl, bb, hh, i, j0 + c)) s[c] = (REAL)-INFINITY;
                         }
                     }
-                    if (f8 && pass == 1) {
-                        (void)EXPSUM(s, bn, L8[r]);
-                        if (f8->sS >= 0)
-                            for (int64_t c = 0; c < bn; c++) {
-                                am8[AL_FP8_SLOT_S] = al_attn_amax_upd(am8[AL_FP8_SLOT_S], (double)s[c]);
-                                s[c] = (REAL)al_attn_fq(f8->fwd, (double)s[c], f8->sS, f8->sS_inv);
-                            }
-                        if (dp > 0) {
-                            uint64_t base = (uint64_t)(((bb * H + hh) * SQ + i) * SKV + j0);
-                            for (int64_t c = 0; c < bn; c++)
-                                s[c] = al_philox_keep(p->dropout_seed, p->dropout_offset, base + (uint64_t)c, keep_prob)
-                                           ? s[c] * dscale : (REAL)0;
-                        }
-                        continue;
-                    }
                     const REAL mt = ROWMAX(s, bn);
                     if (mt > raw[r]) raw[r] = mt;
                     const REAL mnew = mt > m[r] ? mt : m[r];
@@ -152,25 +133,27 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
                         REAL *o = O + r * DV;
                         for (int64_t d = 0; d < DV; d++) o[d] *= alpha;
                     }
-                    if (dp > 0 && !f8) {
+                    if (f8 && f8->sS >= 0)
+                        for (int64_t c = 0; c < bn; c++) s[c] = (REAL)al_attn_fq(f8->fwd, (double)s[c], f8->sS, f8->sS_inv);
+                    if (dp > 0) {
                         uint64_t base = (uint64_t)(((bb * H + hh) * SQ + i) * SKV + j0);
                         for (int64_t c = 0; c < bn; c++)
                             s[c] = al_philox_keep(p->dropout_seed, p->dropout_offset, base + (uint64_t)c, keep_prob)
                                        ? s[c] * dscale : (REAL)0;
                     }
                 }
-                if (f8 && pass == 0) continue;   /* statistics only */
                 GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bm, (int)DV, (int)bn, (REAL)1, S, AL_ATTN_BN,
                      Vc + j0 * DV, (int)DV, (REAL)1, O, (int)DV);
-            }
             }
             for (int64_t r = 0; r < bm; r++) {
                 const int64_t i = i0 + r;
                 const int row_ok = !(pl->q_valid && !pl->q_valid[bb * SQ + i]);
                 REAL *lrow = lse + (bb * H + hh) * SQ;
                 if (!row_ok) { lrow[i] = (REAL)-INFINITY; continue; }   /* padded row: zero output */
-                const REAL inv = f8 ? (REAL)1 : l[r] > 0 ? (REAL)1 / l[r] : (REAL)0;   /* FP8: P was normalised */
+                const REAL inv = l[r] > 0 ? (REAL)1 / l[r] : (REAL)0;
                 const REAL mu = m[r] == (REAL)-INFINITY ? (REAL)0 : m[r];
+                if (f8 && f8->sS >= 0 && l[r] > 0 && raw[r] > (REAL)-INFINITY)
+                    am8[AL_FP8_SLOT_S] = al_attn_amax_upd(am8[AL_FP8_SLOT_S], exp((double)(raw[r] - mu)) / (double)l[r]);
                 lrow[i] = l[r] > 0 ? (REAL)(mu + log(l[r])) : (REAL)-INFINITY;
                 int64_t oo = ao.off + bb * ao.s_b + (pl->q_start[bb] + i) * ao.s_row + hh * ao.s_h;
                 for (int64_t d = 0; d < DV; d++) al_attn_st(ao.base, ao.dtype, oo + d * ao.s_d, (double)(O[r * DV + d] * inv));

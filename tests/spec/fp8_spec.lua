@@ -220,6 +220,85 @@ describe("fp8 attention (cpu emulation)", function()
     assert.are.equal(448 / a, ctx2.fp8.f.scale_used[1])
   end)
 
+  -- The S slot as cuDNN's FP8 flash kernel has it (measured on an H200, cuDNN 9.14: the fused path's
+  -- amax_O equals this emulation's to 4 digits): P = exp(s - m) against the running row max of the
+  -- 128-key tiles seen so far (unnormalised, <= 1), quantised with scale[S]; the row sum stays
+  -- unquantised; O = (sum of quantised P V) / l. A naive Lua oracle of exactly that, with a scale[S]
+  -- from an amax of 0.2 (so the large P saturate), and of the normalised alternative, which must be far off.
+  it("S: unnormalised P against the running max of 128-key tiles, quantised with scale[S] (cuDNN's kernel)", function()
+    al.manual_seed(5)
+    local SQ, SKV, D = 3, 300, 16
+    local q = al.randn({ 1, SQ, 1, D }, { dtype = "f32" })
+    local k = al.randn({ 1, SKV, 1, D }, { dtype = "f32" }) * 0.5
+    local v = al.randn({ 1, SKV, 1, D }, { dtype = "f32" })
+    local SS, SO = 448 / 0.2, 448
+    local r = al.fp8.Recipe{ amax_history_len = 1,
+      scale = function(slot) if slot == "s" then return SS elseif slot == "o" then return SO end return 1 end }
+    local a = { query_layer = q, key_layer = k, value_layer = v, qkv_format = "bshd", attn_mask_type = "no_mask",
+      fp8_recipe = r }
+    al.attention.forward(a)                       -- step 1: every slot at its initial scale 1
+    local out, ctx = al.attention.forward(a)      -- step 2: the scales above
+    assert.are.equal(SS, ctx.fp8.f.scale_used[1])
+    local function fq(list, sc)                   -- e4m3 quantise -> dequantise a list of numbers
+      local t = al.fp8.quantize(al.tensor(list, { dtype = "f64" }), { format = "e4m3", scale = sc })
+      return t:dequantize("f64"):flat_values()
+    end
+    local q8 = fq(q:to("f64"):flat_values(), 1)
+    local k8, v8 = fq(k:to("f64"):flat_values(), 1), fq(v:to("f64"):flat_values(), 1)
+    local scale = 1 / math.sqrt(D)
+    local want_tiles, want_norm = {}, {}
+    for i = 0, SQ - 1 do
+      local s = {}
+      for j = 0, SKV - 1 do
+        local acc = 0
+        for d = 1, D do acc = acc + q8[i * D + d] * k8[j * D + d] end
+        s[j] = acc * scale
+      end
+      -- the kernel's way: tiles of 128 keys, running max m, unquantised sum l
+      local m, l, o = -math.huge, 0, {}
+      for d = 1, D do o[d] = 0 end
+      for j0 = 0, SKV - 1, 128 do
+        local j1 = math.min(j0 + 127, SKV - 1)
+        local mt = -math.huge
+        for j = j0, j1 do mt = math.max(mt, s[j]) end
+        local mnew = math.max(m, mt)
+        local alpha = math.exp(m - mnew)
+        local p = {}
+        for j = j0, j1 do p[#p + 1] = math.exp(s[j] - mnew) end
+        local sum = 0
+        for _, x in ipairs(p) do sum = sum + x end
+        l = l * alpha + sum
+        local p8 = fq(p, SS)
+        for d = 1, D do
+          local acc = 0
+          for c = 1, #p8 do acc = acc + p8[c] * v8[(j0 + c - 1) * D + d] end
+          o[d] = o[d] * alpha + acc
+        end
+        m = mnew
+      end
+      -- the normalised alternative: P = exp(s - lse) quantised
+      local pn = {}
+      for j = 0, SKV - 1 do pn[j + 1] = math.exp(s[j] - m) / l end
+      local pn8 = fq(pn, SS)
+      for d = 1, D do
+        want_tiles[#want_tiles + 1] = o[d] / l
+        local acc = 0
+        for j = 1, SKV do acc = acc + pn8[j] * v8[(j - 1) * D + d] end
+        want_norm[#want_norm + 1] = acc
+      end
+    end
+    want_tiles, want_norm = fq(want_tiles, SO), fq(want_norm, SO)   -- O into its FP8 slot
+    local got = out:to("f64"):flat_values()
+    local function rel(x, y)
+      local se, lo, hi = 0, math.huge, -math.huge
+      for n = 1, #x do se = se + (x[n] - y[n]) ^ 2; lo = math.min(lo, y[n]); hi = math.max(hi, y[n]) end
+      return math.sqrt(se / #x) / (hi - lo)
+    end
+    local e_tiles, e_norm = rel(got, want_tiles), rel(got, want_norm)
+    assert.is_true(e_tiles < 0.01, "vs the tiled-kernel oracle: RMSE/range " .. e_tiles)
+    assert.is_true(e_norm > 0.05, "the normalised alternative should be far off (saturation): " .. e_norm)
+  end)
+
   it("explain says why FP8 runs on the cpu backend", function()
     local qkv = al.randn({ 16, 1, 3, 2, 16 })
     local text, name = al.attention.explain{ qkv_layer = qkv, fp8_recipe = al.fp8.CurrentScaling{} }
