@@ -6,7 +6,9 @@
 #   SPECS="tests/spec/cuda_spec.lua ..."         spec files to run (default: every spec with a #gpu block)
 #   SANITIZER_TIMEOUT=900                        seconds per (tool, spec file)
 #
-# For each tool and each spec file holding #gpu tests, runs
+#   C_PROGS="test_flash_variant flash_sm90_check"  C programs (build/tests) run under each tool first
+#
+# For each tool: each C program, then each spec file holding #gpu tests (see the known problem below), as
 #     compute-sanitizer --tool TOOL --error-exitcode 99 [tool options] luajit busted --tags=gpu FILE
 # (busted --tags=gpu selects the #gpu tests only, every backend: unfused, flash, fused), saves the full
 # report in $OUT_DIR/<tool>-<spec>.log (OUT_DIR defaults to $O/build/gpu-sanitize, or $OUT when set by
@@ -41,39 +43,64 @@ make O="$O" all >"$OUT_DIR/build.log" 2>&1 || { tail -30 "$OUT_DIR/build.log"; e
 if [ -z "${SPECS:-}" ]; then
     SPECS=$(grep -l '#gpu' tests/spec/*_spec.lua | tr '\n' ' ')
 fi
+# C programs that run our kernels (test_cuda_faults is left out: it faults on purpose). flash_sm90_check
+# is built here with nvcc (it is not part of `make`) and runs its correctness cases only.
+C_PROGS=${C_PROGS:-"test_flash_variant flash_sm90_check"}
+mkdir -p "$O/build/tests"
+if command -v nvcc >/dev/null 2>&1 && [ ! -x "$O/build/tests/flash_sm90_check" ]; then
+    nvcc -O2 -std=c++17 -Iinclude -Isrc tests/cuda/flash_sm90_check.cu -o "$O/build/tests/flash_sm90_check" -lnvrtc \
+        >>"$OUT_DIR/build.log" 2>&1 || echo "gpu_sanitize: flash_sm90_check did not build (see $OUT_DIR/build.log)"
+fi
+make O="$O" "$O/build/tests/test_flash_variant" >>"$OUT_DIR/build.log" 2>&1 || true
 
 export ATTNLAB_LIBDIR=$(cd "$O/lib" && pwd)
 export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;${LUA_PATH:-;}"
 # A fresh NVRTC kernel cache, so every runtime-compiled kernel is built (and checked) in this run.
 export ATTNLAB_CACHE_DIR="$OUT_DIR/kernel-cache"
-
-for tool in "${TOOLS[@]}"; do
+export FLASH_SM90_ONLY=check
+LUAJIT=${LUAJIT:-luajit}
+# Known problem (H200 host, 2026-12-03, compute-sanitizer of CUDA 13.0): a LuaJIT process under the
+# sanitizer dies silently (exit 6, "process didn't terminate successfully", no report) once its Lua heap
+# grows to some hundred MB, with or without busted; small scripts run. The cause is not known (the
+# Debian build is GC64). Until it is, the spec runs below fail after a few tests, and the C programs
+# above carry the kernel checks.
+# run_one TOOL NAME LOGFILE COMMAND...: one sanitizer run, one tally line
+run_one() {
+    local tool=$1 name=$2 out=$3; shift 3
+    local opts
     case "$tool" in
         memcheck) opts=(--leak-check full --check-api-memory-access yes --report-api-errors explicit) ;;
         racecheck) opts=(--racecheck-report hazard) ;;
-        initcheck) opts=() ;;
-        synccheck) opts=() ;;
+        initcheck|synccheck) opts=() ;;
         *) echo "gpu_sanitize: unknown tool $tool"; exit 2 ;;
     esac
+    echo "== compute-sanitizer --tool $tool $name"
+    timeout "$TIMEOUT" "$SAN" --tool "$tool" --error-exitcode 99 --print-limit 200 "${opts[@]}" "$@" >"$out" 2>&1
+    local rc=$?
+    local errors hazards suite note
+    errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$out" | tail -1 | grep -Eo '[0-9]+$' || true)
+    hazards=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+ hazard' "$out" | tail -1 | grep -Eo '[0-9]+' || true)
+    suite=$(grep -E '[0-9]+ passed, [0-9]+ failed|cases passed' "$out" | tail -1)
+    [ -n "$errors" ] || errors="?"
+    note="$errors errors${hazards:+, $hazards hazards}; tests: ${suite:-no tally}"
+    if [ "$rc" = 0 ] && { [ "$errors" = 0 ] || [ -n "$hazards" -a "$hazards" = 0 ]; }; then
+        echo "gpu-sanitize $tool $name: 1 passed, 0 failed ($note)" | tee -a "$LOG"
+    else
+        [ "$rc" = 124 ] && note="timed out after ${TIMEOUT}s; $note"
+        grep -E '^=========' "$out" | grep -vE 'COMPUTE-SANITIZER|ERROR SUMMARY' | head -20
+        echo "gpu-sanitize $tool $name: 0 passed, 1 failed (exit $rc; $note; see $out)" | tee -a "$LOG"
+    fi
+}
+
+for tool in "${TOOLS[@]}"; do
+    for prog in $C_PROGS; do
+        [ -x "$O/build/tests/$prog" ] || { echo "gpu-sanitize $tool $prog: 0 passed, 1 failed (not built)" | tee -a "$LOG"; continue; }
+        run_one "$tool" "$prog" "$OUT_DIR/$tool-$prog.log" "$O/build/tests/$prog"
+    done
     for spec in $SPECS; do
         name=$(basename "$spec" .lua)
-        out="$OUT_DIR/$tool-$name.log"
-        echo "== compute-sanitizer --tool $tool $spec"
-        timeout "$TIMEOUT" "$SAN" --tool "$tool" --error-exitcode 99 --print-limit 200 "${opts[@]}" \
-            ${BUSTED:-luajit /usr/bin/busted --ignore-lua} --tags=gpu -o tests/spec/summary.lua "$spec" >"$out" 2>&1
-        rc=$?
-        errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$out" | tail -1 | grep -Eo '[0-9]+$' || true)
-        hazards=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+ hazard' "$out" | tail -1 | grep -Eo '[0-9]+' || true)
-        suite=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$out" | tail -1)
-        [ -n "$errors" ] || errors="?"
-        note="$errors errors${hazards:+, $hazards hazards}; specs: ${suite:-no tally}"
-        if [ "$rc" = 0 ] && [ "$errors" = 0 ]; then
-            echo "gpu-sanitize $tool $name: 1 passed, 0 failed ($note)" | tee -a "$LOG"
-        else
-            [ "$rc" = 124 ] && note="timed out after ${TIMEOUT}s; $note"
-            grep -E '^=========' "$out" | grep -vE 'COMPUTE-SANITIZER|ERROR SUMMARY' | head -20
-            echo "gpu-sanitize $tool $name: 0 passed, 1 failed (exit $rc; $note; see $out)" | tee -a "$LOG"
-        fi
+        run_one "$tool" "$name" "$OUT_DIR/$tool-$name.log" \
+            ${BUSTED:-$LUAJIT /usr/bin/busted --ignore-lua} --tags=gpu --exclude-tags=oom -o tests/spec/summary.lua "$spec"
     done
 done
 sh scripts/tally.sh "$LOG"
