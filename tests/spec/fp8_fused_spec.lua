@@ -199,12 +199,9 @@ describe("fp8 fused (cuDNN FP8 SDPA) vs the CPU emulation #gpu", function()
 end)
 
 describe("fp8 fused explain #gpu", function()
-  -- The FP8 graphs are opt-in until verified on a GPU (attn_fused.cu): automatic selection skips them
-  -- unless ATTNLAB_FUSED_FP8=1. The verdicts below are the ones with the opt-in set.
+  -- The FP8 graphs serve by default; ATTNLAB_FUSED_FP8=0 switches automatic selection off (attn_fused.cu).
   local ffi = require "ffi"
   pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
-  setup(function() ffi.C.setenv("ATTNLAB_FUSED_FP8", "1", 1) end)
-  teardown(function() ffi.C.unsetenv("ATTNLAB_FUSED_FP8") end)
   local function ex(args)
     local text, name = al.attention.explain(args)
     return text, name
@@ -215,12 +212,15 @@ describe("fp8 fused explain #gpu", function()
     return a
   end
 
-  gpu_it("without the opt-in, automatic selection does not pick the fused FP8 path, and says why", function()
-    ffi.C.unsetenv("ATTNLAB_FUSED_FP8")
+  gpu_it("ATTNLAB_FUSED_FP8=0: automatic selection does not pick the fused FP8 path, and says why", function()
+    local before = os.getenv("ATTNLAB_FUSED_FP8")
+    ffi.C.setenv("ATTNLAB_FUSED_FP8", "0", 1)
     local text, name = ex(base(128))
-    ffi.C.setenv("ATTNLAB_FUSED_FP8", "1", 1)
+    local forced_text, forced = ex(base(128, { backend = "fused" }))
+    if before then ffi.C.setenv("ATTNLAB_FUSED_FP8", before, 1) else ffi.C.unsetenv("ATTNLAB_FUSED_FP8") end
     assert.are_not.equal("fused", name, text)
-    assert.truthy(text:find("opt-in until verified on a GPU", 1, true), text)
+    assert.truthy(text:find("switched off by ATTNLAB_FUSED_FP8=0", 1, true), text)
+    assert.are.equal("fused", forced, forced_text)
   end)
 
   gpu_it("d=128: fused serves FP8 with no caveat", function()
