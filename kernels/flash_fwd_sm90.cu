@@ -9,7 +9,12 @@
  *   AL_MASK_KIND 0 none | 1 causal | 2 window (runtime wl, wr); AL_BOTTOM_RIGHT 0 | 1
  *   AL_SM90_BN (key rows per tile: 64 or 128), AL_SM90_STAGES (K/V smem stages),
  *   AL_SM90_CONSUMERS (consumer warpgroups, 64 query rows each; BM = 64 * CONSUMERS)
- *   Not here (the host sends these to kernels/flash_fwd.cu): ALiBi, the score/mask hooks.
+ *   Variants: AL_SCORE_MOD / AL_MASK_MOD / AL_VARIANT / AL_BLOCK_MASK as in kernels/flash_common.cuh
+ *   (the forward's hooks; the host needs block_m % BM == 0 and block_n % BN == 0, so a tile lies in one
+ *   block). score_mod turns each score into a log2-unit logit before the max (no folded-scale fast
+ *   path); mask_mod masks every tile that is not a full (2) block; 0 blocks are neither loaded nor
+ *   computed, the producer and the consumers skipping the same tiles.
+ *   Not here (the host sends it to kernels/flash_fwd.cu): ALiBi.
  * Check / bench: tests/cuda/flash_sm90_check.cu (against the stage-1 kernel and a naive reference).
  *
  * Design (FA3-style, first version):
@@ -38,8 +43,8 @@
 #include "flash_common.cuh"
 #include "sm90_common.cuh"
 
-#if AL_ALIBI || AL_HAS_SCORE_MOD || AL_HAS_MASK_MOD
-#error "flash_fwd_sm90.cu: ALiBi and the score/mask hooks are served by flash_fwd.cu"
+#if AL_ALIBI
+#error "flash_fwd_sm90.cu: ALiBi is served by flash_fwd.cu"
 #endif
 #ifndef AL_SM90_BN
 #define AL_SM90_BN (AL_HEAD_DIM == 256 ? 64 : 128)
@@ -102,6 +107,24 @@ AL_DEV void f90_copy_partial(al_u32 dst, const al_u16 *g, long long st, int vali
     }
     al_fence_proxy_async();
     __syncwarp();
+}
+
+/* the ring slot counter: tiles actually loaded (it) with a block mask, else the tile index j itself
+ * (identical values; j keeps the default build's code exactly as it was before variants came here) */
+#if AL_BLOCK_MASK
+#define F90_TILE it
+#else
+#define F90_TILE j
+#endif
+
+/* the block-mask entry of a tile (2 = full: no mask_mod) — 2 when there is no block mask */
+AL_DEV int f90_block(const al_flash_params &p, int b, int h, int m0, int n0) {
+#if AL_BLOCK_MASK
+    return al_fl_block(p, b, h, m0, n0);
+#else
+    (void)p; (void)b; (void)h; (void)m0; (void)n0;
+    return 2;
+#endif
 }
 
 /* dynamic shared memory: see al_flash_sm90_spec_tiles (src/cuda/flash_sm90_specs.h) */
@@ -175,9 +198,11 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         }
         const al_u16 *gK = (const al_u16 *)p.k.ptr + b * p.k.sb + kv_start * p.k.st + (long long)hk * p.k.sh;
         const al_u16 *gV = (const al_u16 *)p.v.ptr + b * p.v.sb + kv_start * p.v.st + (long long)hk * p.v.sh;
-        for (int j = 0; j < nblk; j++) {
-            const int stg = j % ST, ph = (j / ST) & 1;
+        for (int j = 0, it = 0; j < nblk; j++) {
             const int n0 = (nb_lo + j) * BN;
+            if (AL_BLOCK_MASK && f90_block(p, b, h, m0, n0) == 0) continue;   /* the consumers skip it too */
+            const int stg = F90_TILE % ST, ph = (F90_TILE / ST) & 1;
+            it++;
             const int full = n0 + BN <= s.kv_len;
             const al_u32 kdst = sK + stg * KV_BYTES, vdst = sV + stg * KV_BYTES;
             al_mbar_wait(BAR_KE(stg), ph ^ 1);
@@ -220,13 +245,17 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
     float m_run[2] = {AL_NEG_INF, AL_NEG_INF};   /* running max, log2 units (scaled) */
     float l_run[2] = {0.0f, 0.0f};               /* this thread's part of the row sums */
-    const float sl2 = p.scale_log2;
+    /* with score_mod the scores become log2-unit logits first (al_fl_logit2), so the multiplier is 1 */
+    const float sl2 = AL_HAS_SCORE_MOD ? 1.0f : p.scale_log2;
 
     if (nblk > 0) al_mbar_wait(bar_q, 0);
     const al_u32 qa = sQ + cw * (64 * 128);      /* this warpgroup's 64 rows inside each Q box */
-    for (int j = 0; j < nblk; j++) {
-        const int stg = j % ST, ph = (j / ST) & 1;
+    for (int j = 0, it = 0; j < nblk; j++) {
         const int n0 = (nb_lo + j) * BN;
+        const int blk = f90_block(p, b, h, m0, n0);
+        if (AL_BLOCK_MASK && blk == 0) continue;   /* not loaded by the producer either */
+        const int stg = F90_TILE % ST, ph = (F90_TILE / ST) & 1;
+        it++;
         const al_u32 kt = sK + stg * KV_BYTES, vt = sV + stg * KV_BYTES;
 
         /* S = Q K^T */
@@ -244,9 +273,18 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         AL_WG_FENCE_S(sc);
         if (lane == 0) al_mbar_arrive(BAR_KE(stg));
 
-        /* mask, online softmax (accumulator element e of n8 tile t: row r0 + 8 (e >> 1),
+        /* score_mod, mask, online softmax (accumulator element e of n8 tile t: row r0 + 8 (e >> 1),
          * column n0 + 8 t + 2 tq + (e & 1)) */
-        int need_mask = n0 + BN > s.kv_len;
+#if AL_HAS_SCORE_MOD
+#pragma unroll
+        for (int t = 0; t < BN / 8; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sc[t * 4 + e] = al_fl_logit2(s, sc[t * 4 + e], p.scale, p.scale_log2, 0.0f, r0 + ((e >> 1) << 3),
+                                             n0 + t * 8 + tq * 2 + (e & 1));
+#endif
+        const int mod_on = AL_HAS_MASK_MOD && blk != 2;   /* full blocks keep every element mask_mod would */
+        int need_mask = mod_on || n0 + BN > s.kv_len;
 #if AL_MASK_KIND != 0
         if (s.wr >= 0) need_mask |= n0 + BN - 1 > m0 + s.diag + s.wr;
         if (s.wl >= 0) need_mask |= n0 < m0 + BM - 1 + s.diag - s.wl;
@@ -256,7 +294,8 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             for (int t = 0; t < BN / 8; t++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (!al_fl_valid(s, r0 + ((e >> 1) << 3), n0 + t * 8 + tq * 2 + (e & 1))) sc[t * 4 + e] = AL_NEG_INF;
+                    if (!al_fl_valid(s, r0 + ((e >> 1) << 3), n0 + t * 8 + tq * 2 + (e & 1), mod_on))
+                        sc[t * 4 + e] = AL_NEG_INF;
         }
         float mx[2] = {AL_NEG_INF, AL_NEG_INF};
 #pragma unroll

@@ -22,8 +22,9 @@
  *
  * Variants (al_attn_inputs.variant: score_mod / mask_mod snippets, captures, a block mask): the
  * snippets become hook macros prepended to the kernel source (flash_specs.h, contract in
- * kernels/flash_common.cuh), compiled per (spec, variant hash, block-mask flag) and kept in an LRU of
- * 64 loaded modules (below); block_m / block_n must be multiples of 64.
+ * kernels/flash_common.cuh), compiled per (kernel family, spec, variant hash, block-mask flag) and kept
+ * in an LRU of 64 loaded modules (below), which the Hopper forward's variants share
+ * (al_flash_variant_function, attn_flash_sm90.cu); block_m / block_n must be multiples of 64.
  *
  * al_flash_info(buf, n) (exported, like al_fused_info): the NVRTC/cache counters and the log of
  * compiled / loaded specialisations with their times.
@@ -41,6 +42,7 @@ extern "C" {
 #include "cuda/nvrtc_cache.h"
 #include "cuda/flash_specs.h"
 #include "cuda/attn_flash_sm90.h"
+#include "cuda/flash_sm90_specs.h"
 #include "../../kernels/flash_params.h"
 
 #include <math.h>
@@ -112,31 +114,51 @@ static al_flash_spec spec_of(const al_attn_plan *pl, int kind) {
     return s;
 }
 
-/* Compile or load a specialisation's functions (prefix: a variant's generated source, or NULL). */
-static al_status nvrtc_functions(int32_t dev, const al_flash_spec *s, const char *prefix, CUfunction *fns, int *nfns) {
+/* The NVRTC identity of a specialisation: file, -D options, function names, label. sm90 = 1: the
+ * Hopper forward (flash_sm90_specs.h), else the stage-1 kernels (flash_specs.h). */
+typedef struct fl_build {
+    const char *file;
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
-    const int nopts = al_flash_spec_options(s, opts);
     const char *optp[AL_FLASH_MAX_OPTS];
-    for (int i = 0; i < nopts; i++) optp[i] = opts[i];
+    int nopts;
     const char *names[4];
-    *nfns = al_flash_spec_functions(s, names);
+    int nfns;
     char label[128];
-    al_flash_spec_name(s, label, sizeof label);
-    return al_nvrtc_get(dev, al_flash_spec_file(s), prefix, optp, nopts, names, *nfns, label, fns);
+} fl_build;
+
+static void build_of(const al_flash_spec *s, int sm90, fl_build *b) {
+    if (sm90) {
+        b->file = al_flash_sm90_spec_file();
+        b->nopts = al_flash_sm90_spec_options(s, b->opts);
+        b->names[0] = al_flash_sm90_function();
+        b->nfns = 1;
+        al_flash_sm90_spec_name(s, b->label, sizeof b->label);
+    } else {
+        b->file = al_flash_spec_file(s);
+        b->nopts = al_flash_spec_options(s, b->opts);
+        b->nfns = al_flash_spec_functions(s, b->names);
+        al_flash_spec_name(s, b->label, sizeof b->label);
+    }
+    for (int i = 0; i < b->nopts; i++) b->optp[i] = b->opts[i];
 }
 
-static void nvrtc_drop(int32_t dev, const al_flash_spec *s, const char *prefix) {
-    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
-    const int nopts = al_flash_spec_options(s, opts);
-    const char *optp[AL_FLASH_MAX_OPTS];
-    for (int i = 0; i < nopts; i++) optp[i] = opts[i];
-    const char *names[4];
-    const int nf = al_flash_spec_functions(s, names);
-    al_nvrtc_unload(dev, al_flash_spec_file(s), prefix, optp, nopts, names, nf);
+/* Compile or load a specialisation's functions (prefix: a variant's generated source, or NULL). */
+static al_status nvrtc_functions(int32_t dev, const al_flash_spec *s, int sm90, const char *prefix, CUfunction *fns,
+                                 int *nfns) {
+    fl_build b;
+    build_of(s, sm90, &b);
+    *nfns = b.nfns;
+    return al_nvrtc_get(dev, b.file, prefix, b.optp, b.nopts, b.names, b.nfns, b.label, fns);
+}
+
+static void nvrtc_drop(int32_t dev, const al_flash_spec *s, int sm90, const char *prefix) {
+    fl_build b;
+    build_of(s, sm90, &b);
+    al_nvrtc_unload(dev, b.file, prefix, b.optp, b.nopts, b.names, b.nfns);
 }
 
 /* ---- variant specialisations: an LRU of loaded modules ---------------------------------------------
- * Key: (device, spec) where the spec carries the variant's 128-bit source hash and the block-mask flag
+ * Key: (device, kernel family: stage-1 or the sm90 forward, spec) where the spec carries the variant's 128-bit source hash and the block-mask flag
  * (al_flash_spec_set_variant hashes the five snippet strings on every call: FNV-1a over a few hundred
  * bytes, well under a microsecond, so the caller needs no stable key of its own). A hit costs that
  * hash plus a scan of FL_VCACHE entries; a miss builds the source and goes through nvrtc_cache (disk
@@ -148,6 +170,7 @@ static void nvrtc_drop(int32_t dev, const al_flash_spec *s, const char *prefix) 
 typedef struct fl_ventry {
     int used;
     int32_t dev;
+    int sm90;                  /* the Hopper forward's module (kernels/flash_fwd_sm90.cu) */
     al_flash_spec spec;
     char *prefix;              /* the generated source (needed again to unload) */
     CUfunction fns[4];
@@ -159,20 +182,20 @@ static uint64_t g_vc_clock;
 static pthread_mutex_t g_vc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* g_vc_lock held. */
-static al_status variant_functions(int32_t dev, const al_flash_spec *s, const al_attn_variant *v, CUfunction *fns,
-                                   int *nfns) {
+static al_status variant_functions(int32_t dev, const al_flash_spec *s, int sm90, const al_attn_variant *v,
+                                   CUfunction *fns, int *nfns) {
     int slot = -1;
     for (int i = 0; i < FL_VCACHE; i++)
-        if (g_vc[i].used && g_vc[i].dev == dev && memcmp(&g_vc[i].spec, s, sizeof *s) == 0) {
+        if (g_vc[i].used && g_vc[i].dev == dev && g_vc[i].sm90 == sm90 && memcmp(&g_vc[i].spec, s, sizeof *s) == 0) {
             g_vc[i].stamp = ++g_vc_clock;
             memcpy(fns, g_vc[i].fns, sizeof g_vc[i].fns);
             *nfns = g_vc[i].nfns;
             return AL_OK;
         }
     char *prefix = al_flash_variant_source(v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
-                                           al_flash_spec_file(s));
+                                           sm90 ? al_flash_sm90_spec_file() : al_flash_spec_file(s));
     if (!prefix) return al_error(AL_ERR_OOM, "out of host memory for a variant's source");
-    al_status st = nvrtc_functions(dev, s, prefix, fns, nfns);
+    al_status st = nvrtc_functions(dev, s, sm90, prefix, fns, nfns);
     if (st != AL_OK) {
         free(prefix);
         return al_error_prefix(st, "variant (score_mod/mask_mod) kernel");
@@ -183,12 +206,13 @@ static al_status variant_functions(int32_t dev, const al_flash_spec *s, const al
         slot = 0;
         for (int i = 1; i < FL_VCACHE; i++)
             if (g_vc[i].stamp < g_vc[slot].stamp) slot = i;
-        nvrtc_drop(g_vc[slot].dev, &g_vc[slot].spec, g_vc[slot].prefix);
+        nvrtc_drop(g_vc[slot].dev, &g_vc[slot].spec, g_vc[slot].sm90, g_vc[slot].prefix);
         free(g_vc[slot].prefix);
     }
     fl_ventry *e = &g_vc[slot];
     e->used = 1;
     e->dev = dev;
+    e->sm90 = sm90;
     e->spec = *s;
     e->prefix = prefix;
     memcpy(e->fns, fns, sizeof e->fns);
@@ -199,8 +223,17 @@ static al_status variant_functions(int32_t dev, const al_flash_spec *s, const al
 
 static al_status get_functions(int32_t dev, const al_attn_plan *pl, const al_flash_spec *s, CUfunction *fns,
                                int *nfns) {
-    if (s->variant) return variant_functions(dev, s, pl->in.variant, fns, nfns);
-    return nvrtc_functions(dev, s, NULL, fns, nfns);
+    if (s->variant) return variant_functions(dev, s, 0, pl->in.variant, fns, nfns);
+    return nvrtc_functions(dev, s, 0, NULL, fns, nfns);
+}
+
+al_status al_flash_variant_function(int32_t dev, const al_flash_spec *s, const al_attn_variant *v, int sm90,
+                                    CUfunction *fn) {
+    CUfunction fns[4];
+    int nf = 0;
+    AL_TRY(variant_functions(dev, s, sm90, v, fns, &nf));
+    *fn = fns[0];
+    return AL_OK;
 }
 
 static al_status launch(CUfunction f, const char *what, unsigned gx, unsigned gy, unsigned gz, unsigned threads,

@@ -20,6 +20,14 @@ static int sm90_env_off(void) {
     return e && strcmp(e, "0") == 0;
 }
 
+/* Variants on the sm90 forward: written and compiled (test_flash_variant compiles them with NVRTC, no
+ * spills) in a session whose GPU time ran out before they could run, so opt-in until the GPU checks
+ * (test_flash_variant, variants_spec with ATTNLAB_FLASH_SM90_VARIANTS=1) have passed on an H200. */
+static int sm90_variants_off(void) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_VARIANTS");
+    return !(e && strcmp(e, "1") == 0);
+}
+
 static void why_set(char *why, size_t n, const char *msg) {
     if (why && n) snprintf(why, n, "%s", msg);
 }
@@ -36,6 +44,9 @@ static al_flash_spec sm90_spec(const al_attn_plan *pl) {
     else if (p->window_left < 0 && p->window_right == 0) s.mask = AL_FLASH_MASK_CAUSAL;
     else s.mask = AL_FLASH_MASK_WINDOW;
     s.bottom_right = s.mask != AL_FLASH_MASK_NONE ? pl->bottom_right : 0;
+    const al_attn_variant *v = pl->in.variant;
+    if (v) al_flash_spec_set_variant(&s, v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
+                                     v->block_mask != NULL);
     return s;
 }
 
@@ -55,7 +66,21 @@ int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
         return 0;
     }
     if (p->bias_type == AL_ATTN_BIAS_ALIBI || pl->alibi) { why_set(why, n, "ALiBi (stage-1 kernel)"); return 0; }
-    if (pl->in.variant) { why_set(why, n, "score_mod / mask_mod variant (stage-1 kernel)"); return 0; }
+    const al_attn_variant *var = pl->in.variant;
+    if (var && sm90_variants_off()) {
+        why_set(why, n, "variants on the sm_90 forward are opt-in until checked on a GPU: ATTNLAB_FLASH_SM90_VARIANTS=1");
+        return 0;
+    }
+    if (var && var->block_mask) {
+        const al_flash_spec spec = sm90_spec(pl);
+        const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(&spec);
+        if (var->block_m % tl.bm != 0 || var->block_n % tl.bn != 0) {
+            if (why && n)
+                snprintf(why, n, "block_mask blocks of %lld x %lld: the sm_90 forward's tiles are %d x %d (stage-1 kernel)",
+                         (long long)var->block_m, (long long)var->block_n, tl.bm, tl.bn);
+            return 0;
+        }
+    }
     if (!(p->softmax_scale > 0.0)) { why_set(why, n, "softmax_scale <= 0 (the row max is taken on raw scores)"); return 0; }
     return 1;
 }
@@ -84,7 +109,8 @@ al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_fl
     char label[96];
     al_flash_sm90_spec_name(&spec, label, sizeof label);
     CUfunction fn;
-    AL_TRY(al_nvrtc_get(dev, al_flash_sm90_spec_file(), NULL, optp, nopts, &name, 1, label, &fn));
+    if (pl->in.variant) AL_TRY(al_flash_variant_function(dev, &spec, pl->in.variant, 1, &fn));
+    else AL_TRY(al_nvrtc_get(dev, al_flash_sm90_spec_file(), NULL, optp, nopts, &name, 1, label, &fn));
 
     CUresult r = cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tl.smem);
     al_flash_params prm_copy = *prm;

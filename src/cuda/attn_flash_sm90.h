@@ -8,6 +8,7 @@
 extern "C" {
 #include "attention_internal.h"
 }
+#include <cuda.h>
 #include "cuda/cuda_internal.h"
 #include "../../kernels/flash_params.h"
 
@@ -15,9 +16,17 @@ extern "C" {
  * Serves: an sm_90 device, f16/bf16, d_qk == d_v in {64, 128, 256}, no mask / causal / sliding window
  * (top-left or bottom-right), every format (sbhd, bshd, thd with cu_seqlens(_padded)), GQA/MQA,
  * softmax_scale > 0, strides the TMA encoder takes (16-byte multiples, no broadcast head dim).
- * Declines ALiBi and variants (score_mod / mask_mod): the stage-1 kernel serves those.
- * ATTNLAB_FLASH_SM90=0 turns the path off (A/B comparisons); unset or 1: on where it applies. */
+ * Variants (score_mod / mask_mod, captures) too, with a block mask whose blocks are multiples of the
+ * kernel's tiles (BM = 128 rows, BN = 128 keys, 64 at d = 256). Declines ALiBi (the stage-1 kernel
+ * serves it). ATTNLAB_FLASH_SM90=0 turns the path off (A/B comparisons); unset or 1: on where it
+ * applies. Variants take this path only with ATTNLAB_FLASH_SM90_VARIANTS=1 (opt-in until checked on a
+ * GPU); otherwise the stage-1 kernel serves them. */
 AL_CU_HIDDEN int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n);
+
+/* A variant specialisation's function through attn_flash.cu's LRU of variant modules (sm90 = 1: the
+ * Hopper forward's file and options). The caller holds that LRU's lock (attn_flash.cu's forward does). */
+AL_CU_HIDDEN al_status al_flash_variant_function(int32_t dev, const struct al_flash_spec *s, const al_attn_variant *v,
+                                                 int sm90, CUfunction *fn);
 
 /* Runs the forward with the sm90 kernel when it applies: *done = 1 after the launch; *done = 0 (and
  * nothing done) when it does not apply. prm: filled as for al_flash_fwd (fl_params, o, lse), the output

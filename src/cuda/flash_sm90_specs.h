@@ -6,7 +6,8 @@
  * al_flash_spec (flash_specs.h) with kind = AL_FLASH_FWD and alibi = 0.
  *
  * A specialisation: head dim (64, 128, 256) x dtype (bf16, f16) x mask (none; causal and window,
- * top-left or bottom-right) = 30 shipped (al_flash_sm90_spec_at).
+ * top-left or bottom-right) = 30 shipped (al_flash_sm90_spec_at); a variant (score_mod / mask_mod,
+ * al_flash_spec_set_variant) is one of those plus its generated source and -DAL_BLOCK_MASK.
  * Launch: grid (ceil(SQ / BM), H, B), 128 * (1 + CONSUMERS) threads: warpgroup 0 is the producer
  * (one warp issues the TMA loads), warpgroups 1..CONSUMERS each own 64 query rows.
  */
@@ -49,14 +50,17 @@ static inline int al_flash_sm90_spec_options(const al_flash_spec *s, char opts[A
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BN=%d", t.bn);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_STAGES=%d", t.stages);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);
+    if (s->variant) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BLOCK_MASK=%d", s->block_mask ? 1 : 0);
     return n;
 }
 
-/* "fwd-sm90 d128 bf16 causal-br" */
+/* "fwd-sm90 d128 bf16 causal-br", "... variant 0123456789abcdef blockmask" */
 static inline void al_flash_sm90_spec_name(const al_flash_spec *s, char *buf, size_t n) {
     static const char *masks[] = {"nomask", "causal", "window"};
-    snprintf(buf, n, "fwd-sm90 d%d %s %s%s", s->d, s->bf16 ? "bf16" : "f16", masks[s->mask],
-             s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
+    int u = snprintf(buf, n, "fwd-sm90 d%d %s %s%s", s->d, s->bf16 ? "bf16" : "f16", masks[s->mask],
+                     s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
+    if (s->variant && u > 0 && (size_t)u < n)
+        snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }
 
 /* Every shipped specialisation, i in [0, al_flash_sm90_spec_count()). */

@@ -22,6 +22,7 @@
  */
 #include "test_main.h"
 #include "cuda/flash_specs.h"
+#include "cuda/flash_sm90_specs.h"
 
 #include "nvrtc_test.h"
 #include <math.h>
@@ -248,15 +249,22 @@ static nvrtc_api nv;
 
 typedef struct nv_job {
     al_flash_spec spec;
+    int sm90;              /* the Hopper forward (kernels/flash_fwd_sm90.cu) instead of stage 1 */
     nvrtc_result r;
 } nv_job;
 
+static const char *nv_file(const nv_job *j) { return j->sm90 ? al_flash_sm90_spec_file() : al_flash_spec_file(&j->spec); }
+static void nv_name(const nv_job *j, char *nm, size_t n) {
+    if (j->sm90) al_flash_sm90_spec_name(&j->spec, nm, n);
+    else al_flash_spec_name(&j->spec, nm, n);
+}
+
 static void nv_compile_job(nv_job *j, const char *kdir) {
     char path[1200];
-    snprintf(path, sizeof path, "%s/%s", kdir, al_flash_spec_file(&j->spec));
+    snprintf(path, sizeof path, "%s/%s", kdir, nv_file(j));
     char *file = test_slurp(path);
     char *pre = al_flash_variant_source(NV_SCORE, NV_GRAD, NV_MASK, j->spec.kind == AL_FLASH_BWD ? NV_CAPG : NULL,
-                                        NV_PRELUDE, al_flash_spec_file(&j->spec));
+                                        NV_PRELUDE, nv_file(j));
     char *src = file && pre ? malloc(strlen(pre) + strlen(file) + 2) : NULL;
     if (!src) {
         memset(&j->r, 0, sizeof j->r);
@@ -266,10 +274,12 @@ static void nv_compile_job(nv_job *j, const char *kdir) {
         sprintf(src, "%s\n%s", pre, file);
         char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
         const char *o[AL_FLASH_MAX_OPTS], *names[4];
-        int n = al_flash_spec_options(&j->spec, opts);
+        int n = j->sm90 ? al_flash_sm90_spec_options(&j->spec, opts) : al_flash_spec_options(&j->spec, opts);
         for (int i = 0; i < n; i++) o[i] = opts[i];
-        int nf = al_flash_spec_functions(&j->spec, names);
-        nvrtc_compile_source(&nv, src, al_flash_spec_file(&j->spec), "sm_90a", kdir, o, n, names, nf, &j->r);
+        int nf = 1;
+        if (j->sm90) names[0] = al_flash_sm90_function();
+        else nf = al_flash_spec_functions(&j->spec, names);
+        nvrtc_compile_source(&nv, src, nv_file(j), "sm_90a", kdir, o, n, names, nf, &j->r);
     }
     free(src);
     free(pre);
@@ -285,8 +295,9 @@ static void test_nvrtc_variant_kernels(void) {
     }
     const char *kd = getenv("ATTNLAB_KERNEL_DIR");
     const char *kdir = kd && *kd ? kd : "kernels";
-    /* fwd and bwd at d = 64 and 128 (bf16): causal + block mask; and one without a block mask */
-    nv_job jobs[5];
+    /* fwd and bwd at d = 64 and 128 (bf16): causal + block mask; and one without a block mask; the Hopper
+     * forward with the same hooks at d = 64 / 128 / 256 (block mask at 128) */
+    nv_job jobs[8];
     memset(jobs, 0, sizeof jobs);
     int nj = 0;
     for (int kind = 0; kind < 2; kind++)
@@ -303,15 +314,27 @@ static void test_nvrtc_variant_kernels(void) {
     s->d = 64;
     s->bf16 = 1;
     al_flash_spec_set_variant(s, NV_SCORE, NV_GRAD, NV_MASK, NULL, NV_PRELUDE, 0);
+    for (int d = 64; d <= 256; d *= 2) {
+        nv_job *j = &jobs[nj++];
+        j->sm90 = 1;
+        j->spec.kind = AL_FLASH_FWD;
+        j->spec.d = d;
+        j->spec.bf16 = 1;
+        j->spec.mask = d == 128 ? AL_FLASH_MASK_CAUSAL : AL_FLASH_MASK_NONE;
+        al_flash_spec_set_variant(&j->spec, NV_SCORE, NV_GRAD, NV_MASK, NULL, NV_PRELUDE, d != 64);
+    }
     double t0 = test_now_ms();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(2)
     for (int i = 0; i < nj; i++) nv_compile_job(&jobs[i], kdir);
     double total = test_now_ms() - t0;
     for (int i = 0; i < nj; i++) {
         char nm[128];
-        al_flash_spec_name(&jobs[i].spec, nm, sizeof nm);
+        nv_name(&jobs[i], nm, sizeof nm);
         CHECK(jobs[i].r.ok, "%s: %s", nm, jobs[i].r.msg);
         CHECK(!jobs[i].r.ok || jobs[i].r.names_found, "%s: the cubin lacks a kernel name", nm);
+        /* the Hopper forward must not spill with the hooks in (its consumers run at 216 registers) */
+        if (jobs[i].sm90 && jobs[i].r.ok && jobs[i].r.spill[0] >= 0)
+            CHECK(jobs[i].r.spill[0] == 0, "%s: spills %d bytes", nm, jobs[i].r.spill[0]);
         if (jobs[i].r.ok) printf("  nvrtc: %-48s %6.0f ms\n", nm, jobs[i].r.ms);
     }
     printf("  nvrtc: %d variant compiles in %.1f s wall\n", nj, total / 1e3);
@@ -571,16 +594,33 @@ static void gpu_case(gcase *c, const char *name) {
         }
     }
 
-    if (c->kind == V_WINDOW) {
-        /* the block mask of mask_mod at 64 x 64 (0 empty, 1 partial, 2 full), b and h broadcast */
-        const int NB = (S + 63) / 64;
+    /* the same variant with the Hopper forward allowed (ATTNLAB_FLASH_SM90_VARIANTS=1: it serves on sm_90;
+     * elsewhere the stage-1 kernel runs again) */
+    {
+        setenv("ATTNLAB_FLASH_SM90_VARIANTS", "1", 1);
+        gres r1;
+        run_flash(c, &var, &tq, &tk, &tv, &tdo, 0, &r1);
+        unsetenv("ATTNLAB_FLASH_SM90_VARIANTS");
+        if (r1.out.storage) {
+            snprintf(what, sizeof what, "%s sm90-allowed out", name);
+            close_to(what, &r1.out, out, nq, tol);
+            snprintf(what, sizeof what, "%s sm90-allowed lse", name);
+            close_to(what, &r1.lse, lse, nl, 1e-3);
+        }
+        gres_free(&r1);
+    }
+
+    /* the block mask of mask_mod at 64 x 64 (the stage-1 forward: the sm90 tiles are 128 rows) and at
+     * 128 x 128 (with ATTNLAB_FLASH_SM90_VARIANTS=1: the sm90 forward on sm_90), 0 empty, 1 partial, 2 full, b and h broadcast */
+    for (int bsz = 64; c->kind == V_WINDOW && bsz <= 128; bsz *= 2) {
+        const int NB = (S + bsz - 1) / bsz;
         double *bmv = malloc(sizeof(double) * NB * NB);
         int counts[3] = {0, 0, 0};
         for (int mb = 0; mb < NB; mb++)
             for (int nb = 0; nb < NB; nb++) {
                 int kept = 0, total = 0;
-                for (int i = mb * 64; i < S && i < mb * 64 + 64; i++)
-                    for (int j = nb * 64; j < S && j < nb * 64 + 64; j++) {
+                for (int i = mb * bsz; i < S && i < mb * bsz + bsz; i++)
+                    for (int j = nb * bsz; j < S && j < nb * bsz + bsz; j++) {
                         kept += i - j < c->window && (i < 64 || i >= 128);
                         total++;
                     }
@@ -595,28 +635,30 @@ static void gpu_case(gcase *c, const char *name) {
         free(bmv);
         al_attn_variant vb = var;
         vb.block_mask = &tbm;
-        vb.block_m = 64;
-        vb.block_n = 64;
+        vb.block_m = bsz;
+        vb.block_n = bsz;
         gres rb, rd;
+        if (bsz == 128) setenv("ATTNLAB_FLASH_SM90_VARIANTS", "1", 1);   /* the sm90 forward's block size */
         run_flash(c, &vb, &tq, &tk, &tv, &tdo, 1, &rb);
         run_flash(c, &var, &tq, &tk, &tv, &tdo, 1, &rd);
+        unsetenv("ATTNLAB_FLASH_SM90_VARIANTS");
         if (rb.out.storage && rd.out.storage && rb.dq.storage && rd.dq.storage) {
-            snprintf(what, sizeof what, "%s+blockmask out", name);
+            snprintf(what, sizeof what, "%s+blockmask%d out", name, bsz);
             close_to(what, &rb.out, out, nq, tol);
-            snprintf(what, sizeof what, "%s+blockmask lse", name);
+            snprintf(what, sizeof what, "%s+blockmask%d lse", name, bsz);
             close_to(what, &rb.lse, lse, nl, 1e-3);
-            snprintf(what, sizeof what, "%s+blockmask dq", name);
+            snprintf(what, sizeof what, "%s+blockmask%d dq", name, bsz);
             close_to(what, &rb.dq, dq, nq, tol);
-            snprintf(what, sizeof what, "%s+blockmask dk", name);
+            snprintf(what, sizeof what, "%s+blockmask%d dk", name, bsz);
             close_to(what, &rb.dk, dk, nk, tol);
-            snprintf(what, sizeof what, "%s+blockmask dv", name);
+            snprintf(what, sizeof what, "%s+blockmask%d dv", name, bsz);
             close_to(what, &rb.dv, dv, nk, tol);
             /* skipped tiles contribute exact zeros and full blocks keep what mask_mod keeps: bit-identical
              * (deterministic backward: dQ sums in a fixed order) */
-            CHECK(diff_of(&rb.out, &rd.out) == 0.0, "block mask changes out by %g", diff_of(&rb.out, &rd.out));
-            CHECK(diff_of(&rb.dq, &rd.dq) == 0.0, "block mask changes dq by %g", diff_of(&rb.dq, &rd.dq));
-            CHECK(diff_of(&rb.dk, &rd.dk) == 0.0, "block mask changes dk by %g", diff_of(&rb.dk, &rd.dk));
-            CHECK(diff_of(&rb.dv, &rd.dv) == 0.0, "block mask changes dv by %g", diff_of(&rb.dv, &rd.dv));
+            CHECK(diff_of(&rb.out, &rd.out) == 0.0, "block mask %d changes out by %g", bsz, diff_of(&rb.out, &rd.out));
+            CHECK(diff_of(&rb.dq, &rd.dq) == 0.0, "block mask %d changes dq by %g", bsz, diff_of(&rb.dq, &rd.dq));
+            CHECK(diff_of(&rb.dk, &rd.dk) == 0.0, "block mask %d changes dk by %g", bsz, diff_of(&rb.dk, &rd.dk));
+            CHECK(diff_of(&rb.dv, &rd.dv) == 0.0, "block mask %d changes dv by %g", bsz, diff_of(&rb.dv, &rd.dv));
             /* the skipped rows [64, 128): O = 0 and LSE = -inf */
             double *o = malloc(sizeof(double) * nq), *l = malloc(sizeof(double) * nl);
             CHECK_OK(al_tensor_read_f64(&rb.out, o, nq));
@@ -634,6 +676,7 @@ static void gpu_case(gcase *c, const char *name) {
         }
         gres_free(&rb);
         gres_free(&rd);
+        al_tensor_release(&tbm);
     }
     gres_free(&r);
     al_tensor *ts[] = {&tq, &tk, &tv, &tdo, &tcap, &tcapg, &tbm};
