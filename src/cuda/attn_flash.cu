@@ -562,6 +562,10 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
 
     if (rows > 0)
         AL_TRY(launch(fns[0], "al_flash_bwd_pre", (unsigned)((rows * 32 + 255) / 256), 1, 1, 256, 0, c->s, &prm));
+    /* the Hopper backward where it applies (opt-in: ATTNLAB_FLASH_SM90_BWD=1), after the pre pass */
+    int done = 0;
+    if (rows > 0 && SKV > 0) AL_TRY(al_flash_sm90_backward(c->dev, pl, &prm, c->s, &done));
+    if (done) return AL_OK;
     if (SKV > 0) {
         const unsigned gx = (unsigned)(p->deterministic ? nsplit : n_blocks);
         AL_TRY(launch(fns[1], "al_flash_bwd", gx, (unsigned)HG, (unsigned)B, (unsigned)tl.threads, (unsigned)tl.smem,

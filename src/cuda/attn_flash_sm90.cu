@@ -131,3 +131,84 @@ al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_fl
     *done = 1;
     return AL_OK;
 }
+
+/* ---- the Hopper backward (kernels/flash_bwd_sm90.cu) ------------------------------------------------------
+ * Written in a session whose GPU time had run out: opt-in (ATTNLAB_FLASH_SM90_BWD=1) until
+ * tests/spec/attention_flash_spec.lua has passed with it on an H200. */
+static int sm90_bwd_on(void) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_BWD");
+    return e && strcmp(e, "1") == 0;
+}
+
+int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n) {
+    const al_attn_params *p = &pl->p;
+    if (!sm90_bwd_on()) { why_set(why, n, "the sm_90 backward is opt-in until checked on a GPU: ATTNLAB_FLASH_SM90_BWD=1"); return 0; }
+    if (sm90_env_off()) { why_set(why, n, "ATTNLAB_FLASH_SM90=0"); return 0; }
+    int cc = 0;
+    if (al_nvrtc_arch(pl->in.q->device_index, NULL, 0, &cc) != AL_OK) {
+        al_clear_error();
+        why_set(why, n, "compute capability unknown");
+        return 0;
+    }
+    if (cc != 90) { why_set(why, n, "not an sm_90 device"); return 0; }
+    if (pl->in.q->dtype != AL_DTYPE_BF16 && pl->in.q->dtype != AL_DTYPE_F16) { why_set(why, n, "dtype"); return 0; }
+    if (p->d_qk != p->d_v || (p->d_qk != 64 && p->d_qk != 128)) { why_set(why, n, "head dim (64 or 128)"); return 0; }
+    if (p->bias_type == AL_ATTN_BIAS_ALIBI || pl->alibi) { why_set(why, n, "ALiBi (stage-1 kernel)"); return 0; }
+    if (pl->in.variant) { why_set(why, n, "score_mod / mask_mod variant (stage-1 kernel)"); return 0; }
+    if (!(p->softmax_scale > 0.0)) { why_set(why, n, "softmax_scale <= 0"); return 0; }
+    return 1;
+}
+
+al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm, cudaStream_t s,
+                                 int *done) {
+    *done = 0;
+    if (!al_flash_sm90_bwd_applies(pl, NULL, 0)) return AL_OK;
+    const al_attn_params *p = &pl->p;
+    al_flash_spec spec = sm90_spec(pl);
+    spec.kind = AL_FLASH_BWD;
+    const al_flash_sm90_tiles tl = al_flash_sm90_bwd_tiles(&spec);
+    const int thd = p->qkv_format == AL_ATTN_FORMAT_THD;
+    const long long rows_q = thd ? (long long)pl->in.q->size[0] : (long long)p->sq;
+    const long long rows_kv = thd ? (long long)pl->in.k->size[0] : (long long)p->skv;
+    if (rows_q < 1 || rows_kv < 1 || p->b < 1) return AL_OK;
+    al_flash_sm90_bwd_tmaps tm[2];
+    memset(tm, 0, sizeof tm);
+    for (int role = 0; role < 2; role++)
+        if (al_flash_sm90_bwd_tmaps_make(&tm[role], prm, role, spec.bf16, spec.d, rows_q, rows_kv, tl.bm, tl.bn) !=
+            CUDA_SUCCESS)
+            return AL_OK;                                       /* strides TMA cannot describe: stage 1 */
+    CUfunction fn[2];
+    for (int role = 0; role < 2; role++) {
+        char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
+        const int nopts = al_flash_sm90_bwd_options(&spec, role, opts);
+        const char *optp[AL_FLASH_MAX_OPTS];
+        for (int i = 0; i < nopts; i++) optp[i] = opts[i];
+        const char *name = al_flash_sm90_bwd_function(role);
+        char label[96];
+        al_flash_sm90_bwd_name(&spec, role, label, sizeof label);
+        AL_TRY(al_nvrtc_get(dev, al_flash_sm90_bwd_file(), NULL, optp, nopts, &name, 1, label, &fn[role]));
+    }
+    /* role 0: (key blocks, kv heads, batch); role 1: (query blocks, heads, batch) */
+    const unsigned gx[2] = {(unsigned)((p->skv + tl.bm - 1) / tl.bm), (unsigned)((p->sq + tl.bm - 1) / tl.bm)};
+    const unsigned gy[2] = {(unsigned)p->hg, (unsigned)p->h};
+    for (int role = 0; role < 2; role++) {
+        if (gx[role] == 0) continue;
+        CUresult r = cuFuncSetAttribute(fn[role], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tl.smem);
+        al_flash_params prm_copy = *prm;
+        void *args[] = {&prm_copy, &tm[role]};
+        if (r == CUDA_SUCCESS)
+            r = cuLaunchKernel(fn[role], gx[role], gy[role], (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)tl.smem,
+                               (CUstream)s, args, NULL);
+        if (r != CUDA_SUCCESS) {
+            const char *msg = NULL, *nm = NULL;
+            cuGetErrorString(r, &msg);
+            cuGetErrorName(r, &nm);
+            return al_error(AL_ERR_CUDA, "launching %s (grid %u x %u x %lld, %d threads, %d bytes of shared memory) "
+                            "failed: %s (%s)", al_flash_sm90_bwd_function(role), gx[role], gy[role], (long long)p->b,
+                            tl.threads, tl.smem, msg ? msg : "?", nm ? nm : "?");
+        }
+        al_cu_note_launch(al_flash_sm90_bwd_function(role));
+    }
+    *done = 1;
+    return AL_OK;
+}

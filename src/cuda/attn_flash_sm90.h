@@ -34,4 +34,12 @@ AL_CU_HIDDEN al_status al_flash_variant_function(int32_t dev, const struct al_fl
 AL_CU_HIDDEN al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm,
                                              cudaStream_t s, int *done);
 
+/* The Hopper backward (kernels/flash_bwd_sm90.cu), opt-in with ATTNLAB_FLASH_SM90_BWD=1 until checked on a
+ * GPU: serves sm_90, f16/bf16, d_qk == d_v in {64, 128}, no ALiBi, no variant, softmax_scale > 0, strides
+ * TMA takes. al_flash_sm90_backward runs after the stage-1 pre kernel (prm.lse2 / prm.dsum ready) and
+ * writes dq, dk, dv (dq directly: no accumulator pass); *done = 0 when it does not apply. */
+AL_CU_HIDDEN int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n);
+AL_CU_HIDDEN al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm,
+                                              cudaStream_t s, int *done);
+
 #endif /* ATTNLAB_CUDA_ATTN_FLASH_SM90_H */

@@ -79,4 +79,58 @@ static inline void al_flash_sm90_spec_at(int i, al_flash_spec *s) {
     s->d = dims[i % 3];
 }
 
+/* ---- the Hopper backward (kernels/flash_bwd_sm90.cu): two kernels, role 0 = dK/dV (a CTA owns bm key
+ * rows and streams query tiles), role 1 = dQ (a CTA owns bm query rows and streams key tiles). d 64 / 128,
+ * no ALiBi, no variants. Opt-in (ATTNLAB_FLASH_SM90_BWD=1) until checked on a GPU. */
+static inline al_flash_sm90_tiles al_flash_sm90_bwd_tiles(const al_flash_spec *s) {
+    al_flash_sm90_tiles t;
+    t.consumers = 2;
+    t.bm = 64 * t.consumers;   /* owned rows */
+    t.bn = 64;                 /* streamed rows per tile */
+    t.stages = s->d == 64 ? 3 : 2;
+    t.threads = 128 * (1 + t.consumers);
+    t.smem = 2 * t.bm * s->d * 2 + 2 * t.stages * t.bn * s->d * 2 + 1024 + 1024;
+    return t;
+}
+static inline const char *al_flash_sm90_bwd_file(void) { return "flash_bwd_sm90.cu"; }
+static inline const char *al_flash_sm90_bwd_function(int role) {
+    return role ? "al_flash_bwd_sm90_dq" : "al_flash_bwd_sm90_dkdv";
+}
+static inline int al_flash_sm90_bwd_options(const al_flash_spec *s, int role,
+                                            char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN]) {
+    al_flash_sm90_tiles t = al_flash_sm90_bwd_tiles(s);
+    int n = 0;
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_HEAD_DIM=%d", s->d);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BF16=%d", s->bf16 ? 1 : 0);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_MASK_KIND=%d", s->mask);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BOTTOM_RIGHT=%d", s->bottom_right ? 1 : 0);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_ROLE=%d", role);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BN=%d", t.bn);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_STAGES=%d", t.stages);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);
+    return n;
+}
+/* "bwd-sm90-dkdv d128 bf16 causal-br" */
+static inline void al_flash_sm90_bwd_name(const al_flash_spec *s, int role, char *buf, size_t n) {
+    static const char *masks[] = {"nomask", "causal", "window"};
+    snprintf(buf, n, "bwd-sm90-%s d%d %s %s%s", role ? "dq" : "dkdv", s->d, s->bf16 ? "bf16" : "f16", masks[s->mask],
+             s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
+}
+/* Every shipped (specialisation, role), i in [0, al_flash_sm90_bwd_count()): d 64/128 x bf16/f16 x 5 masks x 2 roles */
+static inline int al_flash_sm90_bwd_count(void) { return 2 * 2 * 5 * 2; }
+static inline void al_flash_sm90_bwd_at(int i, al_flash_spec *s, int *role) {
+    static const int mk[5] = {0, 1, 1, 2, 2};
+    static const int br[5] = {0, 0, 1, 0, 1};
+    memset(s, 0, sizeof *s);
+    s->kind = AL_FLASH_BWD;
+    *role = i % 2;
+    i /= 2;
+    s->mask = mk[i % 5];
+    s->bottom_right = br[i % 5];
+    i /= 5;
+    s->bf16 = i % 2 == 0;
+    i /= 2;
+    s->d = i % 2 ? 128 : 64;
+}
+
 #endif /* ATTNLAB_CUDA_FLASH_SM90_SPECS_H */

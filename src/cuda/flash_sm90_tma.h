@@ -53,4 +53,28 @@ static inline CUresult al_flash_sm90_tmaps_make(al_flash_sm90_tmaps *t, const al
     return r;
 }
 
+/* The backward's maps (kernels/flash_bwd_sm90.cu: al_sm90_bwd_tmaps): role 0 owns K, V (boxes of bm rows)
+ * and streams Q, dO (boxes of bn rows); role 1 owns Q, dO and streams K, V. */
+typedef struct al_flash_sm90_bwd_tmaps {
+    CUtensorMap own0, own1, st0, st1;
+} al_flash_sm90_bwd_tmaps;
+
+static inline CUresult al_flash_sm90_bwd_tmaps_make(al_flash_sm90_bwd_tmaps *t, const al_flash_params *p, int role,
+                                                    int bf16, int d, long long rows_q, long long rows_kv, int bm,
+                                                    int bn) {
+    CUresult r;
+    if (role == 0) {
+        r = al_flash_sm90_tmap(&t->own0, &p->k, bf16, d, rows_kv, p->HG, p->B, bm);
+        if (r == CUDA_SUCCESS) r = al_flash_sm90_tmap(&t->own1, &p->v, bf16, d, rows_kv, p->HG, p->B, bm);
+        if (r == CUDA_SUCCESS) r = al_flash_sm90_tmap(&t->st0, &p->q, bf16, d, rows_q, p->H, p->B, bn);
+        if (r == CUDA_SUCCESS) r = al_flash_sm90_tmap(&t->st1, &p->dout, bf16, d, rows_q, p->H, p->B, bn);
+    } else {
+        r = al_flash_sm90_tmap(&t->own0, &p->q, bf16, d, rows_q, p->H, p->B, bm);
+        if (r == CUDA_SUCCESS) r = al_flash_sm90_tmap(&t->own1, &p->dout, bf16, d, rows_q, p->H, p->B, bm);
+        if (r == CUDA_SUCCESS) r = al_flash_sm90_tmap(&t->st0, &p->k, bf16, d, rows_kv, p->HG, p->B, bn);
+        if (r == CUDA_SUCCESS) r = al_flash_sm90_tmap(&t->st1, &p->v, bf16, d, rows_kv, p->HG, p->B, bn);
+    }
+    return r;
+}
+
 #endif /* ATTNLAB_CUDA_FLASH_SM90_TMA_H */

@@ -11,8 +11,9 @@
  *   - compile times are printed per specialisation (what a first call costs).
  * libnvrtc is loaded with dlopen ($ATTNLAB_NVRTC_LIB, libnvrtc.so.13, libnvrtc.so, $CUDA_HOME/lib64,
  * /usr/local/cuda/lib64); without it the suite reports itself skipped, with the reason.
- * The Hopper forward (kernels/flash_fwd_sm90.cu, its 30 specialisations from src/cuda/flash_sm90_specs.h;
- * opt-in at run time) is compiled for sm_90a too, and must not spill at all.
+ * The Hopper forward (kernels/flash_fwd_sm90.cu, its 30 specialisations from src/cuda/flash_sm90_specs.h)
+ * and the Hopper backward (kernels/flash_bwd_sm90.cu: 20 specialisations x its two kernels, opt-in at
+ * run time) are compiled for sm_90a too, and must not spill at all.
  * Kernel folder: $ATTNLAB_KERNEL_DIR, else ./kernels (make test runs from the repository root).
  * Specialisations compile in parallel (OpenMP threads; OMP_NUM_THREADS caps them);
  * ATTNLAB_NVRTC_TEST_ONLY="fwd d128" keeps the specialisations whose name contains the text.
@@ -25,28 +26,45 @@
 
 static nvrtc_api nv;
 static char g_kdir[1024];
-static char *g_src[3];      /* flash_fwd.cu, flash_bwd.cu, flash_fwd_sm90.cu */
+static char *g_src[4];      /* flash_fwd.cu, flash_bwd.cu, flash_fwd_sm90.cu, flash_bwd_sm90.cu */
+
+/* a job's kernel family: stage 1, the Hopper forward, the Hopper backward's dK/dV or dQ kernel */
+enum { FAM_STAGE1 = 0, FAM_SM90_FWD = 1, FAM_SM90_BWD_DKDV = 2, FAM_SM90_BWD_DQ = 3 };
 
 typedef nvrtc_result result;
 
-/* the kernel names a specialisation's module must hold (sm90: the Hopper forward's one) */
-static int job_functions(const al_flash_spec *s, int sm90, const char **names) {
-    if (sm90) {
+/* the kernel names a specialisation's module must hold */
+static int job_functions(const al_flash_spec *s, int fam, const char **names) {
+    if (fam == FAM_SM90_FWD) {
         names[0] = al_flash_sm90_function();
+        return 1;
+    }
+    if (fam >= FAM_SM90_BWD_DKDV) {
+        names[0] = al_flash_sm90_bwd_function(fam - FAM_SM90_BWD_DKDV);
         return 1;
     }
     return al_flash_spec_functions(s, names);
 }
 
-static void compile_one(const al_flash_spec *s, const char *arch, int sm90, result *r) {
+static void job_name(const al_flash_spec *s, int fam, char *buf, size_t n) {
+    if (fam == FAM_SM90_FWD) al_flash_sm90_spec_name(s, buf, n);
+    else if (fam >= FAM_SM90_BWD_DKDV) al_flash_sm90_bwd_name(s, fam - FAM_SM90_BWD_DKDV, buf, n);
+    else al_flash_spec_name(s, buf, n);
+}
+
+static void compile_one(const al_flash_spec *s, const char *arch, int fam, result *r) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
     const char *o[AL_FLASH_MAX_OPTS];
-    int n = sm90 ? al_flash_sm90_spec_options(s, opts) : al_flash_spec_options(s, opts);
+    int n = fam == FAM_SM90_FWD ? al_flash_sm90_spec_options(s, opts)
+          : fam >= FAM_SM90_BWD_DKDV ? al_flash_sm90_bwd_options(s, fam - FAM_SM90_BWD_DKDV, opts)
+                                     : al_flash_spec_options(s, opts);
     for (int i = 0; i < n; i++) o[i] = opts[i];
     const char *names[4];
-    int nf = job_functions(s, sm90, names);
-    nvrtc_compile_source(&nv, sm90 ? g_src[2] : g_src[s->kind], sm90 ? al_flash_sm90_spec_file() : al_flash_spec_file(s),
-                         arch, g_kdir, o, n, names, nf, r);
+    int nf = job_functions(s, fam, names);
+    const char *src = fam == FAM_SM90_FWD ? g_src[2] : fam >= FAM_SM90_BWD_DKDV ? g_src[3] : g_src[s->kind];
+    const char *file = fam == FAM_SM90_FWD ? al_flash_sm90_spec_file()
+                     : fam >= FAM_SM90_BWD_DKDV ? al_flash_sm90_bwd_file() : al_flash_spec_file(s);
+    nvrtc_compile_source(&nv, src, file, arch, g_kdir, o, n, names, nf, r);
 }
 
 int main(void) {
@@ -61,22 +79,24 @@ int main(void) {
     nv.version(&major, &minor);
     const char *kd = getenv("ATTNLAB_KERNEL_DIR");
     snprintf(g_kdir, sizeof g_kdir, "%s", kd && *kd ? kd : "kernels");
-    char p0[1200], p1[1200], p2[1200];
+    char p0[1200], p1[1200], p2[1200], p3[1200];
     snprintf(p0, sizeof p0, "%s/flash_fwd.cu", g_kdir);
     snprintf(p1, sizeof p1, "%s/flash_bwd.cu", g_kdir);
     snprintf(p2, sizeof p2, "%s/%s", g_kdir, al_flash_sm90_spec_file());
+    snprintf(p3, sizeof p3, "%s/%s", g_kdir, al_flash_sm90_bwd_file());
     g_src[0] = test_slurp(p0);
     g_src[1] = test_slurp(p1);
     g_src[2] = test_slurp(p2);
+    g_src[3] = test_slurp(p3);
     t_current = "kernel sources";
     t_current_failed = 0;
-    CHECK(g_src[0] && g_src[1] && g_src[2], "cannot read %s, %s and %s (run from the repository root or set "
-          "ATTNLAB_KERNEL_DIR)", p0, p1, p2);
+    CHECK(g_src[0] && g_src[1] && g_src[2] && g_src[3], "cannot read %s, %s, %s and %s (run from the repository root "
+          "or set ATTNLAB_KERNEL_DIR)", p0, p1, p2, p3);
     if (t_current_failed) { t_failed++; return SUMMARY("nvrtc_kernels"); }
     t_passed++;
 
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
-    const int nspec = al_flash_spec_count(), n_sm90 = al_flash_sm90_spec_count();
+    const int nspec = al_flash_spec_count(), n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count();
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
     const char **archs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *archs);
@@ -99,18 +119,26 @@ int main(void) {
             archs[njobs++] = "sm_80";
         }
     }
-    for (int i = 0; i < n_sm90; i++) {
+    for (int i = 0; i < al_flash_sm90_spec_count(); i++) {
         al_flash_sm90_spec_at(i, &specs[njobs]);
         al_flash_sm90_spec_name(&specs[njobs], nm, sizeof nm);
         if (only && *only && !strstr(nm, only)) continue;
-        sm90[njobs] = 1;
+        sm90[njobs] = FAM_SM90_FWD;
+        archs[njobs++] = "sm_90a";
+    }
+    for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
+        int role = 0;
+        al_flash_sm90_bwd_at(i, &specs[njobs], &role);
+        al_flash_sm90_bwd_name(&specs[njobs], role, nm, sizeof nm);
+        if (only && *only && !strstr(nm, only)) continue;
+        sm90[njobs] = FAM_SM90_BWD_DKDV + role;
         archs[njobs++] = "sm_90a";
     }
     result *res = calloc((size_t)njobs, sizeof *res);
     int n90 = 0, nh = 0;
-    for (int j = 0; j < njobs; j++) n90 += strcmp(archs[j], "sm_90a") == 0 && !sm90[j], nh += sm90[j];
+    for (int j = 0; j < njobs; j++) n90 += strcmp(archs[j], "sm_90a") == 0 && !sm90[j], nh += sm90[j] != 0;
     printf("nvrtc_kernels: NVRTC %d.%d, %d compiles (%d specialisations for sm_90a, %d for sm_80, %d of the Hopper "
-           "forward), kernels in %s\n", major, minor, njobs, n90, njobs - n90 - nh, nh, g_kdir);
+           "forward and backward), kernels in %s\n", major, minor, njobs, n90, njobs - n90 - nh, nh, g_kdir);
     fflush(stdout);
     double t0 = test_now_ms();
 #pragma omp parallel for schedule(dynamic, 1)
@@ -119,8 +147,7 @@ int main(void) {
 
     for (int j = 0; j < njobs; j++) {
         char name[96], tname[160];
-        if (sm90[j]) al_flash_sm90_spec_name(&specs[j], name, sizeof name);
-        else al_flash_spec_name(&specs[j], name, sizeof name);
+        job_name(&specs[j], sm90[j], name, sizeof name);
         snprintf(tname, sizeof tname, "%s %s", name, archs[j]);
         t_current = tname;
         t_current_failed = 0;
@@ -136,7 +163,7 @@ int main(void) {
             /* d <= 128 forward: no spills (checked); d = 256 (O alone is 128 registers a thread) spills up to
              * ~20 bytes in the window variants, and the backward spills tens of bytes: printed above */
             if (sm90[j])
-                CHECK(r->spill[0] == 0, "the Hopper forward spills %d bytes (registers: %d)", r->spill[0], r->regs[0]);
+                CHECK(r->spill[0] == 0, "the Hopper kernel spills %d bytes (registers: %d)", r->spill[0], r->regs[0]);
             else if (specs[j].kind == AL_FLASH_FWD && specs[j].d <= 128)
                 CHECK(r->spill[0] == 0, "the forward kernel spills %d bytes (registers: %d)", r->spill[0], r->regs[0]);
         }
@@ -144,7 +171,7 @@ int main(void) {
         else t_passed++;
     }
     printf("nvrtc_kernels: %d compiles in %.1f s wall\n", njobs, total / 1e3);
-    for (int k = 0; k < 3; k++) free(g_src[k]);
+    for (int k = 0; k < 4; k++) free(g_src[k]);
     free(sm90);
     free(specs);
     free(archs);

@@ -262,6 +262,37 @@ describe("attention flash backend #gpu", function()
       "16 bytes")
   end)
 
+  -- The Hopper backward (kernels/flash_bwd_sm90.cu), opt-in with ATTNLAB_FLASH_SM90_BWD=1 until it has
+  -- passed here on an H200: every case it serves (d 64 / 128, no ALiBi) against the CPU oracle, outputs
+  -- and every gradient, then proof from al_flash_info that its kernels ran.
+  it("the sm_90 backward (ATTNLAB_FLASH_SM90_BWD=1) gives the CPU oracle's gradients", function()
+    if not HAS_GPU then pending("no GPU") return end
+    if al.cuda.device_info(0).capability[1] ~= 9 then pending("not an sm_90 device") return end
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+    local before = os.getenv("ATTNLAB_FLASH_SM90_BWD")
+    ffi.C.setenv("ATTNLAB_FLASH_SM90_BWD", "1", 1)
+    local n = 0
+    local ok, err = pcall(function()
+      for _, c in ipairs(CASES) do
+        if not c.name:find("d=256", 1, true) and not c.name:find("alibi", 1, true) then
+          for _, dt in ipairs(c.dtypes) do run_case(c, dt) end
+          n = n + 1
+        end
+      end
+    end)
+    if before then ffi.C.setenv("ATTNLAB_FLASH_SM90_BWD", before, 1) else ffi.C.unsetenv("ATTNLAB_FLASH_SM90_BWD") end
+    assert(ok, err)
+    assert(n >= 20, "only " .. n .. " cases ran")
+    local ok2, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
+    assert(ok2, tostring(lib))
+    pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
+    local buf = ffi.new("char[65536]")
+    lib.al_flash_info(buf, 65536)
+    local text = ffi.string(buf)
+    assert(text:find("bwd-sm90-dkdv", 1, true) and text:find("bwd-sm90-dq", 1, true), text)
+  end)
+
   it("reports NVRTC compiles and cache loads through al_flash_info", function()
     if not HAS_GPU then pending("no GPU") return end
     local ffi = require "ffi"
