@@ -55,9 +55,13 @@ local function decode(data, ip_cfg, fmt, fwd, module_mask)
     local total = 0
     for _, e in ipairs(step) do total = total + e[2] end
     local dev = ip_cfg.device
-    local q = al.zeros(use_bshd and { b, 1, H, D } or { total, H, D }, { device = dev })
-    local k = al.zeros(use_bshd and { b, 1, HG, D } or { total, HG, D }, { device = dev })
-    local v = al.zeros(use_bshd and { b, 1, HG, D } or { total, HG, D }, { device = dev })
+    -- head counts, head dim and dtype come from the data (the GPU backends' test uses d = 64, bf16)
+    local any = data[step[1][1]]
+    local h, hg, d = any.q:size(2), any.k:size(2), any.q:size(3)
+    local o = { device = dev, dtype = any.q:dtype() }
+    local q = al.zeros(use_bshd and { b, 1, h, d } or { total, h, d }, o)
+    local k = al.zeros(use_bshd and { b, 1, hg, d } or { total, hg, d }, o)
+    local v = al.zeros(use_bshd and { b, 1, hg, d } or { total, hg, d }, o)
     local row = 0
     for i, e in ipairs(step) do
       local id, len = e[1], e[2]
@@ -88,12 +92,12 @@ end
 local function check_against_reference(data, got, tol)
   local worst, n = 0, 0
   for id, d in pairs(data) do
-    local ref = reference(d.q, d.k, d.v)
+    local ref = reference(d.q:cpu():to("f32"), d.k:cpu():to("f32"), d.v:cpu():to("f32"))
     local L = LENS[id]
     for pos = 1, L do
       local r = got[id][pos]
       assert(r, "no output for sequence " .. id .. " position " .. pos)
-      local e = al.max_abs_diff(r, ref:select(1, pos))
+      local e = al.max_abs_diff(r:cpu():to("f32"), ref:select(1, pos))
       if e > worst then worst = e end
       n = n + 1
     end
@@ -360,4 +364,35 @@ describe("InferenceParams on cuda #gpu", function()
       for pos, r in ipairs(rows) do assert.is_true(al.max_abs_diff(r, cpu[id][pos]) < 1e-3) end
     end
   end)
+end)
+
+-- The KV cache on each GPU backend that serves its calls (thd prefill + bshd/thd decode, padding_causal):
+-- bf16 at d = 64 so that fused (cuDNN) and flash serve too; each forced, against the full-sequence
+-- reference in f32 on the CPU (bf16 tolerance).
+describe("InferenceParams on every cuda backend #gpu", function()
+  local function gpu_it(name, fn)
+    if HAS_GPU then it(name, fn) else pending(name .. " (no GPU)") end
+  end
+  for _, be in ipairs({ "unfused", "fused", "flash" }) do
+    gpu_it(be .. ": decode (non-paged and paged) equals full attention, bf16 d=64", function()
+      al.manual_seed(78)
+      local data = {}
+      for _, id in ipairs({ 10, 20, 30, 40 }) do
+        local L = LENS[id]
+        local o = { device = "cuda", dtype = "bf16" }
+        data[id] = { q = al.randn({ L, 4, 64 }, o), k = al.randn({ L, 2, 64 }, o), v = al.randn({ L, 2, 64 }, o) }
+      end
+      -- forced: a backend that cannot serve the cached call is an error, never a silent fallback
+      local fwd = function(args)
+        args.backend = be
+        return al.inference.forward(args)
+      end
+      for _, paged in ipairs({ false, true }) do
+        local cfg = { max_batch_size = 4, max_sequence_length = 10, num_heads_kv = 2, head_dim_k = 64, dtype = "bf16",
+          device = "cuda" }
+        if paged then cfg.is_paged, cfg.page_size, cfg.total_num_pages = true, 2, 14 end
+        check_against_reference(data, decode(data, cfg, "thd", fwd), 2e-2)
+      end
+    end)
+  end
 end)
