@@ -6,7 +6,8 @@
 #   SPECS="tests/spec/cuda_spec.lua ..."         spec files to run (default: every spec with a #gpu block)
 #   SANITIZER_TIMEOUT=900                        seconds per (tool, spec file)
 #
-#   C_PROGS="test_flash_variant flash_sm90_check"  C programs (build/tests) run under each tool first
+#   C_PROGS="test_gpu_backends test_flash_variant flash_sm90_check"  C programs run under each tool first
+#                                                (test_gpu_backends: unfused, fused and flash vs the cpu backend)
 #
 # For each tool: each C program, then each spec file holding #gpu tests (see the known problem below), as
 #     compute-sanitizer --tool TOOL --error-exitcode 99 [tool options] luajit busted --tags=gpu FILE
@@ -43,15 +44,15 @@ make O="$O" all >"$OUT_DIR/build.log" 2>&1 || { tail -30 "$OUT_DIR/build.log"; e
 if [ -z "${SPECS:-}" ]; then
     SPECS=$(grep -l '#gpu' tests/spec/*_spec.lua | tr '\n' ' ')
 fi
-# C programs that run our kernels (test_cuda_faults is left out: it faults on purpose). flash_sm90_check
+# C programs that run the backends' kernels (test_cuda_faults is left out: it faults on purpose). flash_sm90_check
 # is built here with nvcc (it is not part of `make`) and runs its correctness cases only.
-C_PROGS=${C_PROGS:-"test_flash_variant flash_sm90_check"}
+C_PROGS=${C_PROGS:-"test_gpu_backends test_flash_variant flash_sm90_check"}
 mkdir -p "$O/build/tests"
 if command -v nvcc >/dev/null 2>&1 && [ ! -x "$O/build/tests/flash_sm90_check" ]; then
     nvcc -O2 -std=c++17 -Iinclude -Isrc tests/cuda/flash_sm90_check.cu -o "$O/build/tests/flash_sm90_check" -lnvrtc \
         >>"$OUT_DIR/build.log" 2>&1 || echo "gpu_sanitize: flash_sm90_check did not build (see $OUT_DIR/build.log)"
 fi
-make O="$O" "$O/build/tests/test_flash_variant" >>"$OUT_DIR/build.log" 2>&1 || true
+make O="$O" "$O/build/tests/test_flash_variant" "$O/build/tests/test_gpu_backends" >>"$OUT_DIR/build.log" 2>&1 || true
 
 export ATTNLAB_LIBDIR=$(cd "$O/lib" && pwd)
 export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;${LUA_PATH:-;}"
