@@ -72,23 +72,6 @@ struct al_sm90_bwd_tmaps {
     al_sm90_tmap own0, own1, st0, st1;
 };
 
-/* rows [0, valid) of a [BN][D] tile from global memory into the swizzled box layout TMA produces, the
- * rest zero (the forward's f90_copy_partial, for the streamed tile that a sequence's end cuts) */
-AL_DEV void b90_copy_partial(al_u32 dst, const al_u16 *g, long long st, int valid, int lane) {
-    using namespace b90;
-    constexpr int CPR = D / 8;
-    for (int c = lane; c < BN * CPR; c += 32) {
-        const int r = c / CPR, ch = c % CPR;
-        const al_u32 a = dst + (ch >> 3) * (BN * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r < valid) v = *(const uint4 *)(g + (long long)r * st + ch * 8);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                     : "memory");
-    }
-    al_fence_proxy_async();
-    __syncwarp();
-}
-
 /* element-wise product of two packed 16-bit pairs, rounded once (sm_90: bf16x2 and f16x2 multiplies) */
 AL_DEV al_u32 b90_mul2(al_u32 a, al_u32 b) {
     al_u32 r;
@@ -235,8 +218,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                                    (long long)th * B90_OP0.sh;
                 const al_u16 *g1 = (const al_u16 *)B90_OP1.ptr + b * B90_OP1.sb + (rs + r0) * B90_OP1.st +
                                    (long long)th * B90_OP1.sh;
-                b90_copy_partial(d0, g0, B90_OP0.st, len - r0, lane);
-                b90_copy_partial(d1, g1, B90_OP1.st, len - r0, lane);
+                al_sm90_copy_partial<BN, D>(d0, g0, B90_OP0.st, len - r0, lane);
+                al_sm90_copy_partial<BN, D>(d1, g1, B90_OP1.st, len - r0, lane);
                 if (lane == 0) al_mbar_arrive(BAR_F(stg));
             }
         }

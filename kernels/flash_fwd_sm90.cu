@@ -92,23 +92,6 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
 #define AL_WG_FENCE_O al_wg_fence_regs_n256
 #endif
 
-/* The warp copies rows [0, valid) of a [BN][D] tile from global memory into the swizzled box layout
- * TMA would produce and zero-fills the rest; then makes the stores visible to wgmma (async proxy). */
-AL_DEV void f90_copy_partial(al_u32 dst, const al_u16 *g, long long st, int valid, int lane) {
-    using namespace f90;
-    constexpr int CPR = D / 8;
-    for (int c = lane; c < BN * CPR; c += 32) {
-        const int r = c / CPR, ch = c % CPR;
-        const al_u32 a = dst + (ch >> 3) * (BN * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r < valid) v = *(const uint4 *)(g + (long long)r * st + ch * 8);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                     : "memory");
-    }
-    al_fence_proxy_async();
-    __syncwarp();
-}
-
 /* the ring slot counter: tiles actually loaded (it) with a block mask, else the tile index j itself
  * (identical values; j keeps the default build's code exactly as it was before variants came here) */
 #if AL_BLOCK_MASK
@@ -214,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
                         al_tma_load_4d(kdst + x * (BN * 128), &tm.k, BAR_KF(stg), x * 64, (int)(kv_start + n0), hk, kb);
                 }
             } else {
-                f90_copy_partial(kdst, gK + (long long)n0 * p.k.st, p.k.st, s.kv_len - n0, lane);
+                al_sm90_copy_partial<BN, D>(kdst, gK + (long long)n0 * p.k.st, p.k.st, s.kv_len - n0, lane);
                 if (lane == 0) al_mbar_arrive(BAR_KF(stg));
             }
             al_mbar_wait(BAR_VE(stg), ph ^ 1);
@@ -226,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
                         al_tma_load_4d(vdst + x * (BN * 128), &tm.v, BAR_VF(stg), x * 64, (int)(kv_start + n0), hk, vb);
                 }
             } else {
-                f90_copy_partial(vdst, gV + (long long)n0 * p.v.st, p.v.st, s.kv_len - n0, lane);
+                al_sm90_copy_partial<BN, D>(vdst, gV + (long long)n0 * p.v.st, p.v.st, s.kv_len - n0, lane);
                 if (lane == 0) al_mbar_arrive(BAR_VF(stg));
             }
         }

@@ -11,6 +11,7 @@
  *                                  SS (A and B from smem, both K-major) and RS (A from registers, B
  *                                  MN-major: imm-trans-b = 1)
  *   setmaxnreg                     register reallocation between producer and consumer warpgroups
+ *   al_sm90_copy_partial           a cut tile copied by a warp into the TMA layout, zero-filled
  *
  * Descriptor (PTX ISA "matrix descriptor"): bits 0-13 start address >> 4, 16-29 leading-dimension
  * byte offset >> 4, 32-45 stride-dimension byte offset >> 4, 49-51 base offset (0: every tile here
@@ -85,6 +86,25 @@ AL_DEV void al_tma_load_4d(al_u32 dst, const al_sm90_tmap *m, al_u32 bar, int c0
 }
 /* ordinary shared-memory stores made visible to the async proxy (wgmma reads) */
 AL_DEV void al_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* The warp copies rows [0, valid) of a [ROWS][DIM] 16-bit tile from global memory (row stride st
+ * elements) into the 128-byte-swizzled box layout TMA would produce, zero-filling the rest, then makes
+ * the stores visible to wgmma. For the tile a sequence's end cuts: TMA would read the next sequence's
+ * rows there (thd, padding), and rows that meet 0 in a product must be finite for 0 * x to vanish. */
+template <int ROWS, int DIM>
+AL_DEV void al_sm90_copy_partial(al_u32 dst, const al_u16 *g, long long st, int valid, int lane) {
+    constexpr int CPR = DIM / 8;
+    for (int c = lane; c < ROWS * CPR; c += 32) {
+        const int r = c / CPR, ch = c % CPR;
+        const al_u32 a = dst + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < valid) v = *(const uint4 *)(g + (long long)r * st + ch * 8);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                     : "memory");
+    }
+    al_fence_proxy_async();
+    __syncwarp();
+}
 
 /* ---- register reallocation ---------------------------------------------------------------------------- */
 template <int R> AL_DEV void al_reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }

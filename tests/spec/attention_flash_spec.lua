@@ -269,11 +269,8 @@ describe("attention flash backend #gpu", function()
     if not HAS_GPU then pending("no GPU") return end
     if al.cuda.device_info(0).capability[1] ~= 9 then pending("not an sm_90 device") return end
     local ffi = require "ffi"
-    pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
-    local before = os.getenv("ATTNLAB_FLASH_SM90_BWD")
-    ffi.C.setenv("ATTNLAB_FLASH_SM90_BWD", "1", 1)
     local n = 0
-    local ok, err = pcall(function()
+    with_env("ATTNLAB_FLASH_SM90_BWD", "1", function()
       for _, c in ipairs(CASES) do
         if not c.name:find("d=256", 1, true) and not c.name:find("alibi", 1, true) then
           for _, dt in ipairs(c.dtypes) do run_case(c, dt) end
@@ -281,8 +278,6 @@ describe("attention flash backend #gpu", function()
         end
       end
     end)
-    if before then ffi.C.setenv("ATTNLAB_FLASH_SM90_BWD", before, 1) else ffi.C.unsetenv("ATTNLAB_FLASH_SM90_BWD") end
-    assert(ok, err)
     assert(n >= 20, "only " .. n .. " cases ran")
     local ok2, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
     assert(ok2, tostring(lib))
@@ -316,8 +311,6 @@ describe("attention flash backend #gpu", function()
     if not HAS_GPU then pending("no GPU") return end
     if al.cuda.device_info(0).capability[1] ~= 9 then pending("not an sm_90 device") return end
     local ffi = require "ffi"
-    pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
-    local before = os.getenv("ATTNLAB_FLASH_SM90")
     local shapes = {
       { "bshd d=128 causal GQA", function(R) return with(sep(R, "bshd", { sq = 300, d = 128 }), { attn_mask_type = "causal" }) end },
       { "sbhd d=64 window", function(R) return with(sep(R, "sbhd", { sq = 200, d = 64 }),
@@ -325,28 +318,25 @@ describe("attention flash backend #gpu", function()
       { "bshd d=256 sq<skv bottom-right", function(R) return with(sep(R, "bshd", { sq = 70, skv = 190, d = 256 }),
         { attn_mask_type = "causal_bottom_right" }) end },
     }
-    local ok, err = pcall(function()
-      for _, sh in ipairs(shapes) do
-        al.manual_seed(77)
-        local ca = sh[2](rng("cpu", "bf16"))
-        al.manual_seed(77)
-        local ga = sh[2](rng("cuda", "bf16"))
-        ca.backend, ga.backend = "cpu", "flash"
-        local co, cctx = forward(ca)
-        local outs = {}
-        for _, mode in ipairs({ "0", "1" }) do
-          ffi.C.setenv("ATTNLAB_FLASH_SM90", mode, 1)
+    for _, sh in ipairs(shapes) do
+      al.manual_seed(77)
+      local ca = sh[2](rng("cpu", "bf16"))
+      al.manual_seed(77)
+      local ga = sh[2](rng("cuda", "bf16"))
+      ca.backend, ga.backend = "cpu", "flash"
+      local co, cctx = forward(ca)
+      local outs = {}
+      for _, mode in ipairs({ "0", "1" }) do
+        with_env("ATTNLAB_FLASH_SM90", mode, function()
           local go, gctx = forward(ga)
           close(sh[1] .. " out (ATTNLAB_FLASH_SM90=" .. mode .. ")", go, co, TOL.bf16)
           close_values(sh[1] .. " lse (ATTNLAB_FLASH_SM90=" .. mode .. ")", values(gctx.lse), values(cctx.lse), 1e-4)
           outs[mode] = go
-        end
-        -- two kernels, two summation orders: close, and not the same bits by accident of a fallback
-        assert(al.max_abs_diff(outs["0"], outs["1"]) <= 2 * TOL.bf16, sh[1] .. ": the two forwards disagree")
+        end)
       end
-    end)
-    if before then ffi.C.setenv("ATTNLAB_FLASH_SM90", before, 1) else ffi.C.unsetenv("ATTNLAB_FLASH_SM90") end
-    assert(ok, err)
+      -- two kernels, two summation orders: close, and not the same bits by accident of a fallback
+      assert(al.max_abs_diff(outs["0"], outs["1"]) <= 2 * TOL.bf16, sh[1] .. ": the two forwards disagree")
+    end
     -- both kernels ran: the info log names a stage-1 forward and an sm90 forward of the last shape
     local ok2, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
     assert(ok2, tostring(lib))

@@ -200,8 +200,6 @@ end)
 
 describe("fp8 fused explain #gpu", function()
   -- The FP8 graphs serve by default; ATTNLAB_FUSED_FP8=0 switches automatic selection off (attn_fused.cu).
-  local ffi = require "ffi"
-  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
   local function ex(args)
     local text, name = al.attention.explain(args)
     return text, name
@@ -213,11 +211,11 @@ describe("fp8 fused explain #gpu", function()
   end
 
   gpu_it("ATTNLAB_FUSED_FP8=0: automatic selection does not pick the fused FP8 path, and says why", function()
-    local before = os.getenv("ATTNLAB_FUSED_FP8")
-    ffi.C.setenv("ATTNLAB_FUSED_FP8", "0", 1)
-    local text, name = ex(base(128))
-    local forced_text, forced = ex(base(128, { backend = "fused" }))
-    if before then ffi.C.setenv("ATTNLAB_FUSED_FP8", before, 1) else ffi.C.unsetenv("ATTNLAB_FUSED_FP8") end
+    local text, name, forced_text, forced
+    with_env("ATTNLAB_FUSED_FP8", "0", function()
+      text, name = ex(base(128))
+      forced_text, forced = ex(base(128, { backend = "fused" }))
+    end)
     assert.are_not.equal("fused", name, text)
     assert.truthy(text:find("switched off by ATTNLAB_FUSED_FP8=0", 1, true), text)
     assert.are.equal("fused", forced, forced_text)

@@ -2,3 +2,16 @@
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 _G.HAS_GPU = al.cuda.available() and true or false
+
+-- with_env(name, value, fn): runs fn with the environment variable set (value nil: unset) through
+-- libc's setenv, so the C library sees it on its next call, then restores what was there, also when
+-- fn fails (its error is re-raised). For the specs that compare two kernels behind an env switch.
+local ffi = require "ffi"
+pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+function _G.with_env(name, value, fn)
+  local before = os.getenv(name)
+  if value == nil then ffi.C.unsetenv(name) else ffi.C.setenv(name, value, 1) end
+  local ok, err = pcall(fn)
+  if before then ffi.C.setenv(name, before, 1) else ffi.C.unsetenv(name) end
+  if not ok then error(err, 0) end
+end

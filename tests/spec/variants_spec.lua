@@ -487,21 +487,13 @@ describe("variants on the GPU #gpu", function()
   end
   -- each case twice: as chosen by default (the stage-1 forward serves variants), and with
   -- ATTNLAB_FLASH_SM90_VARIANTS=1 (the Hopper forward serves them on sm_90)
-  local ffi = require "ffi"
-  pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
-  local function with_env(value, fn)
-    if value then ffi.C.setenv("ATTNLAB_FLASH_SM90_VARIANTS", value, 1) end
-    local ok, err = pcall(fn)
-    if value then ffi.C.unsetenv("ATTNLAB_FLASH_SM90_VARIANTS") end
-    if not ok then error(err, 0) end
-  end
   for _, name in ipairs({ "alibi", "softcap", "relative_bias", "sliding_window", "document", "prefix_lm" }) do
     for _, with_bm in ipairs(EX[name].mask_mod and { false, true } or { false }) do
      for _, sm90v in ipairs({ false, true }) do
       it(name .. (with_bm and " with a block mask" or "") .. ": flash (bf16) == CPU oracle, forward and backward" ..
          (sm90v and " [ATTNLAB_FLASH_SM90_VARIANTS=1]" or ""), function()
         if not HAS_GPU then pending("no GPU") return end
-       with_env(sm90v and "1" or nil, function()
+       with_env("ATTNLAB_FLASH_SM90_VARIANTS", sm90v and "1" or nil, function()
         al.manual_seed(21)
         local x = EX[name]
         local a = { query_layer = rnd({ B, S, H, D }, "bf16"), key_layer = rnd({ B, S, HG, D }, "bf16"),
