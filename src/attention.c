@@ -682,6 +682,17 @@ static al_status choose(const al_attn_plan *pl, const al_attn_backend **out, cha
         EMIT("backend forced to %s (%s)\n", pname, pl->p.backend[0] ? "backend= argument" : "ATTNLAB_BACKEND");
     }
     *out = NULL;
+    /* CPU tensors, nothing to explain, nothing forced: only the cpu backend serves CPU tensors (the GPU
+     * backends decline them first thing), so ask it alone; a decline falls through to the full loop,
+     * which builds the error (bench/host_overhead.lua: skips three supports() and their reason text) */
+    if (!buf && forced < 0 && pl->in.q->device_type == AL_DEVICE_CPU && !pl->in.variant && registry[SLOT_CPU] &&
+        !(pl->in.fp8 && !registry[SLOT_CPU]->fp8)) {
+        reason[0] = 0;
+        if (registry[SLOT_CPU]->supports(pl, reason, sizeof reason)) {
+            *out = registry[SLOT_CPU];
+            return AL_OK;
+        }
+    }
     const char *forced_reason = NULL;
     char forced_buf[256] = "", flash_reason[256] = "";
     for (int i = 0; i < NSLOTS; i++) {

@@ -163,6 +163,27 @@ al_status al_tensor_fill_(al_tensor *t, double v) {
         if (!api) return al_error_prefix(AL_ERR_DEVICE, "fill_");
         return api->fill(t, v);
     }
+    const int64_t numel = al_tensor_numel(t);
+    if (numel > 0 && al_tensor_is_contiguous(t)) {
+        /* one element converted, then its bytes repeated (memset when they are all zero): the attention
+         * outputs are filled on every call (bench/host_overhead.lua) */
+        const size_t es = (size_t)al_dtype_size(t->dtype), bytes = (size_t)numel * es;
+        unsigned char *base = (unsigned char *)al_tensor_data_ptr(t);
+        al_store_f64(base, t->dtype, 0, v);
+        int zero = 1;
+        for (size_t i = 0; i < es; i++) zero &= base[i] == 0;
+        if (zero) {
+            memset(base, 0, bytes);
+        } else {
+            size_t have = es;
+            while (have < bytes) {
+                const size_t k = have < bytes - have ? have : bytes - have;
+                memcpy(base + have, base, k);
+                have += k;
+            }
+        }
+        return AL_OK;
+    }
     al_iter it;
     const int64_t *strides[1] = {t->stride};
     al_iter_init(&it, t->ndim, t->size, 1, strides, &t->offset);

@@ -40,11 +40,14 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
     {
         const int tid = al_attn_thread();
         int64_t kvmax = SKV > 0 ? SKV : 1;
-        REAL *Kc = malloc(sizeof(REAL) * (size_t)(kvmax * DQK));
-        REAL *Vc = malloc(sizeof(REAL) * (size_t)(kvmax * DV));
-        REAL *Q = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * DQK));
-        REAL *S = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * AL_ATTN_BN));
-        REAL *O = malloc(sizeof(REAL) * (size_t)(AL_ATTN_BM * DV));
+        /* the thread's five work areas in one allocation (a tiny call is dominated by such costs) */
+        const size_t nK = (size_t)(kvmax * DQK), nV = (size_t)(kvmax * DV), nQ = (size_t)(AL_ATTN_BM * DQK),
+                     nS = (size_t)(AL_ATTN_BM * AL_ATTN_BN);
+        REAL *Kc = malloc(sizeof(REAL) * (nK + nV + nQ + nS + (size_t)(AL_ATTN_BM * DV)));
+        REAL *Vc = Kc ? Kc + nK : NULL;
+        REAL *Q = Kc ? Vc + nV : NULL;
+        REAL *S = Kc ? Q + nQ : NULL;
+        REAL *O = Kc ? S + nS : NULL;
         REAL m[AL_ATTN_BM], l[AL_ATTN_BM], raw[AL_ATTN_BM];
         double *am8 = f8 ? f8->amax_thr + (size_t)tid * 6 : NULL;
         float *mthr = maxlog_thr ? maxlog_thr + (size_t)tid * (size_t)H : NULL;
@@ -160,7 +163,7 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
                 if (mthr && raw[r] > mthr[hh]) mthr[hh] = (float)raw[r];
             }
         }
-        free(Kc); free(Vc); free(Q); free(S); free(O);
+        free(Kc);   /* Vc, Q, S and O live in the same block */
     }
     if (failed) return al_error(AL_ERR_OOM, "attention_forward (cpu): out of memory for the per-thread tiles");
     return AL_OK;

@@ -65,6 +65,37 @@ describe("tensor creation", function()
   end)
 end)
 
+describe("fill_", function()
+  -- contiguous tensors take a fast path (one element converted, its bytes repeated or memset), strided
+  -- views the element-wise one: both must store exactly what a per-element conversion stores
+  it("fills contiguous tensors and strided views of every dtype with the converted value", function()
+    for _, dt in ipairs({ "f32", "f64", "f16", "bf16", "i32", "i64", "u8", "fp8_e4m3", "fp8_e5m2" }) do
+      for _, v in ipairs({ 0, 1.5, -2, 3 }) do
+        local want = al.tensor({ v }, { dtype = dt }):totable()[1]   -- v converted to dt once
+        local t = al.randn({ 5, 7 }):to(dt)
+        t:fill_(v)
+        for _, x in ipairs(t:flat_values()) do assert.equal(want, x, dt .. " contiguous " .. v) end
+        local base = al.randn({ 6, 9 }):to(dt)
+        local before = base:clone():flat_values()
+        local view = base:narrow(2, 2, 5):narrow(1, 2, 4)   -- rows 2..5, columns 2..6
+        view:fill_(v)
+        local after = base:flat_values()
+        for i = 1, 6 do
+          for j = 1, 9 do
+            local k = (i - 1) * 9 + j
+            local inside = i >= 2 and i <= 5 and j >= 2 and j <= 6
+            if inside then assert.equal(want, after[k], dt .. " view " .. v)
+            else assert.equal(before[k], after[k], dt .. ": outside the view must stay") end
+          end
+        end
+      end
+    end
+    local z = al.randn({ 3, 4 })
+    z:fill_(-0.0)
+    assert.equal(-math.huge, 1 / z:flat_values()[12])   -- -0 is not all-zero bytes: copied, not memset
+  end)
+end)
+
 describe("tensor views", function()
   local base
   before_each(function()
