@@ -165,6 +165,17 @@ end
 
 local function values(t) return t:to("cpu"):to("f64"):flat_values() end
 
+-- the flash backend's NVRTC log (al_flash_info): which specialisations were compiled or loaded
+local function flash_info()
+  local ffi = require "ffi"
+  local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
+  assert(ok, tostring(lib))
+  pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
+  local buf = ffi.new("char[65536]")
+  lib.al_flash_info(buf, 65536)
+  return ffi.string(buf)
+end
+
 local function close_values(name, got, want, tol)
   assert.equal(#want, #got, name .. ": element count")
   local worst, at = -math.huge, 0
@@ -268,7 +279,6 @@ describe("attention flash backend #gpu", function()
   it("the sm_90 backward (ATTNLAB_FLASH_SM90_BWD=1) gives the CPU oracle's gradients", function()
     if not HAS_GPU then pending("no GPU") return end
     if al.cuda.device_info(0).capability[1] ~= 9 then pending("not an sm_90 device") return end
-    local ffi = require "ffi"
     local n = 0
     with_env("ATTNLAB_FLASH_SM90_BWD", "1", function()
       for _, c in ipairs(CASES) do
@@ -279,27 +289,16 @@ describe("attention flash backend #gpu", function()
       end
     end)
     assert(n >= 20, "only " .. n .. " cases ran")
-    local ok2, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-    assert(ok2, tostring(lib))
-    pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
-    local buf = ffi.new("char[65536]")
-    lib.al_flash_info(buf, 65536)
-    local text = ffi.string(buf)
+    local text = flash_info()
     assert(text:find("bwd-sm90-dkdv", 1, true) and text:find("bwd-sm90-dq", 1, true), text)
   end)
 
   it("reports NVRTC compiles and cache loads through al_flash_info", function()
     if not HAS_GPU then pending("no GPU") return end
-    local ffi = require "ffi"
-    local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-    assert(ok, tostring(lib))
-    pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
     al.manual_seed(3)
     local a = with(sep(rng("cuda", "bf16"), "bshd", {}), { attn_mask_type = "causal", backend = "flash" })
     al.attention.forward(a)
-    local buf = ffi.new("char[8192]")
-    lib.al_flash_info(buf, 8192)
-    local s = ffi.string(buf)
+    local s = flash_info()
     -- sm_90 serves this forward with its wgmma kernel; other devices (or ATTNLAB_FLASH_SM90=0) use stage 1
     local sm90 = al.cuda.device_info(0).capability[1] == 9 and os.getenv("ATTNLAB_FLASH_SM90") ~= "0"
     assert(s:find("nvrtc=", 1, true) and s:find(sm90 and "fwd-sm90 d64 bf16 causal-tl" or "fwd d64 bf16 causal-tl", 1, true), s)
@@ -310,7 +309,6 @@ describe("attention flash backend #gpu", function()
   it("the sm_90 forward and the stage-1 forward agree with the CPU oracle (ATTNLAB_FLASH_SM90=0 / default)", function()
     if not HAS_GPU then pending("no GPU") return end
     if al.cuda.device_info(0).capability[1] ~= 9 then pending("not an sm_90 device") return end
-    local ffi = require "ffi"
     local shapes = {
       { "bshd d=128 causal GQA", function(R) return with(sep(R, "bshd", { sq = 300, d = 128 }), { attn_mask_type = "causal" }) end },
       { "sbhd d=64 window", function(R) return with(sep(R, "sbhd", { sq = 200, d = 64 }),
@@ -338,12 +336,7 @@ describe("attention flash backend #gpu", function()
       assert(al.max_abs_diff(outs["0"], outs["1"]) <= 2 * TOL.bf16, sh[1] .. ": the two forwards disagree")
     end
     -- both kernels ran: the info log names a stage-1 forward and an sm90 forward of the last shape
-    local ok2, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-    assert(ok2, tostring(lib))
-    pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
-    local buf = ffi.new("char[16384]")
-    lib.al_flash_info(buf, 16384)
-    local s = ffi.string(buf)
+    local s = flash_info()
     assert(s:find("fwd-sm90 d256 bf16 causal-br", 1, true) and s:find("fwd d256 bf16 causal-br", 1, true), s)
   end)
 end)
