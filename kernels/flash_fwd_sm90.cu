@@ -100,13 +100,14 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
 #define F90_TILE j
 #endif
 
-/* the block-mask entry of a tile (2 = full: no mask_mod) — 2 when there is no block mask */
+/* the block-mask entry of a tile: 0 skip, 1 partial (mask_mod per element), 2 full (no mask_mod);
+ * without a block mask every tile is partial: mask_mod, when there is one, runs everywhere */
 AL_DEV int f90_block(const al_flash_params &p, int b, int h, int m0, int n0) {
 #if AL_BLOCK_MASK
     return al_fl_block(p, b, h, m0, n0);
 #else
     (void)p; (void)b; (void)h; (void)m0; (void)n0;
-    return 2;
+    return 1;
 #endif
 }
 
