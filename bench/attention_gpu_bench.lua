@@ -14,7 +14,6 @@
 -- Usage: luajit bench/attention_gpu_bench.lua [--quick]
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
-local ffi = require "ffi"
 
 if not al.cuda.available() then
   local _, why = al.cuda.available()
@@ -33,15 +32,7 @@ local wall = al.clock
 local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = ITERS }) end
 
 local info = al.cuda.device_info(0)
-local cudnn = "?"
-do
-  local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-  if ok then
-    pcall(ffi.cdef, "int64_t al_fused_info(char *buf, int64_t n);")
-    local buf = ffi.new("char[256]")
-    if pcall(function() lib.al_fused_info(buf, 256) end) then cudnn = ffi.string(buf) end
-  end
-end
+local cudnn = al.cuda.backend_info("fused")
 print(string.format("attention_gpu_bench on %s (sm_%d%d), %s", info.name, info.capability[1], info.capability[2], cudnn))
 emit({ kind = "env", device = info.name, cudnn = cudnn })
 

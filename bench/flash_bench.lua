@@ -12,7 +12,6 @@
 --   ATTNLAB_BENCH_OUT=/path appends JSON lines like bench/attention_gpu_bench.lua.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
-local ffi = require "ffi"
 
 if not al.cuda.available() then
   local _, why = al.cuda.available()
@@ -27,18 +26,7 @@ local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 
 local emit = al.results.bench_emit
 
-local info_fn
-do
-  local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-  if ok then
-    pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
-    info_fn = function()
-      local buf = ffi.new("char[16384]")
-      local okc = pcall(function() lib.al_flash_info(buf, 16384) end)
-      return okc and ffi.string(buf) or "(al_flash_info unavailable)"
-    end
-  end
-end
+local function info_fn() return (al.cuda.backend_info("flash")) end
 
 local dev = al.cuda.device_info(0)
 print(string.format("flash_bench on %s (sm_%d%d)", dev.name, dev.capability[1], dev.capability[2]))
@@ -126,7 +114,7 @@ for _, dt in ipairs({ "bf16", "f16" }) do
 end
 if failures > 0 then print(string.format("flash_bench: %d correctness check(s) FAILED", failures)) end
 if flags["--check-only"] then
-  print(info_fn and info_fn() or "")
+  print(info_fn())
   os.exit(failures > 0 and 1 or 0)
 end
 
@@ -178,5 +166,5 @@ for _, sh in ipairs(SHAPES) do
   collectgarbage()
   al.cuda.empty_cache()
 end
-print("\nNVRTC / cache: " .. (info_fn and info_fn() or "(al_flash_info unavailable)"))
+print("\nNVRTC / cache: " .. info_fn())
 os.exit(failures > 0 and 1 or 0)

@@ -17,7 +17,6 @@
 -- Usage: luajit bench/fp8_attention.lua [--quick]
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
-local ffi = require "ffi"
 local T = require "attnlab.tensor"
 local C = require("attnlab.ffi").C
 
@@ -40,15 +39,7 @@ local emit = al.results.bench_emit
 -- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
 local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = ITERS }) end
 
-local cudnn = "?"
-do
-  local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-  if ok then
-    pcall(ffi.cdef, "int64_t al_fused_info(char *buf, int64_t n);")
-    local buf = ffi.new("char[256]")
-    if pcall(function() lib.al_fused_info(buf, 256) end) then cudnn = ffi.string(buf) end
-  end
-end
+local cudnn = al.cuda.backend_info("fused")
 print(string.format("fp8_attention on %s (sm_%d%d), %s; %d iterations after %d warm-up", info.name, info.capability[1],
   info.capability[2], cudnn, ITERS, WARMUP))
 

@@ -263,6 +263,11 @@ al_status al_cuda_synchronize(int32_t device_index);
 /* Bytes held by the caching allocator (in use + cached free blocks), and a way to return the cache. */
 int64_t al_cuda_memory_reserved(int32_t device_index);
 al_status al_cuda_empty_cache(int32_t device_index);
+/* A GPU attention backend's counters and log as text into buf (truncated to n; buf may be NULL):
+ * "fused" (cuDNN version, plans cached and built) or "flash" (NVRTC compiles and cache loads, every
+ * specialisation compiled or loaded, with its time). Returns plans built (fused) or kernels compiled
+ * (flash), or -1 with the error set (an unknown backend, or no CUDA). */
+int64_t al_cuda_backend_info(const char *backend, char *buf, int64_t n);
 
 /* Streams. Every thread has a current stream per device (initially the device's default stream);
  * all work that thread queues on the device goes there. The caching allocator pools blocks per

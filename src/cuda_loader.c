@@ -95,6 +95,22 @@ al_status al_cuda_device_info(int32_t device_index, char *name, int32_t name_len
     return al_cuda_api_get()->device_info(device_index, name, name_len, cc_major, cc_minor, total_mem);
 }
 
+int64_t al_cuda_backend_info(const char *backend, char *buf, int64_t n) {
+    if (buf && n > 0) buf[0] = 0;
+    int32_t which = backend && strcmp(backend, "fused") == 0 ? 0 : backend && strcmp(backend, "flash") == 0 ? 1 : -1;
+    if (which < 0) {
+        al_error(AL_ERR_ARG, "cuda_backend_info: backend: expected 'fused' or 'flash', got %s%s%s", backend ? "'" : "",
+                 backend ? backend : "NULL", backend ? "'" : "");
+        return -1;
+    }
+    const al_cuda_api *api = al_cuda_api_get();
+    if (!api) {
+        al_error_prefix(AL_ERR_DEVICE, "cuda_backend_info");
+        return -1;
+    }
+    return api->backend_info(which, buf, n);
+}
+
 al_status al_cuda_synchronize(int32_t device_index) {
     AL_TRY(al_cuda_check_device("cuda.synchronize", device_index));
     return al_cuda_api_get()->synchronize(device_index);

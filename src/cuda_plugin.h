@@ -16,7 +16,7 @@
 
 #include "attnlab.h"
 
-#define AL_CUDA_ABI_VERSION 1
+#define AL_CUDA_ABI_VERSION 2
 
 typedef struct al_cuda_api {
     int32_t abi_version;                 /* AL_CUDA_ABI_VERSION */
@@ -96,6 +96,11 @@ typedef struct al_cuda_api {
      * which reads an unmapped address, so the next synchronisation reports an asynchronous fault
      * naming it. It ruins the process's CUDA context: call it in a child process. */
     al_status (*debug_fault)(int32_t dev);
+
+    /* An attention backend's counters and log as text into buf (truncated to n; buf may be NULL):
+     * backend 0 = fused (cuDNN version, plans cached / built), 1 = flash (NVRTC compiles, cache loads,
+     * the specialisations compiled or loaded). Returns plans built (fused) or kernels compiled (flash). */
+    int64_t (*backend_info)(int32_t backend, char *buf, int64_t n);
 } al_cuda_api;
 
 /* The plugin's one exported entry point. Returns AL_OK and fills api, or an error (no driver, no

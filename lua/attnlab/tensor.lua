@@ -703,6 +703,20 @@ function cuda.device_info(idx)
 end
 
 function cuda.memory_reserved(idx) return tonumber(C.al_cuda_memory_reserved(idx or 0)) end
+
+-- al.cuda.backend_info(name) -> text, count: a GPU attention backend's counters and log. "fused": the
+-- cuDNN version and plans cached / built (count = plans built); "flash": NVRTC compiles and cache loads
+-- and every specialisation compiled or loaded, with its time (count = kernels compiled).
+local info_buf
+function cuda.backend_info(name)
+  if name ~= "fused" and name ~= "flash" then
+    error("cuda.backend_info: name: expected 'fused' or 'flash', got " .. tostring(name), 2)
+  end
+  info_buf = info_buf or ffi.new("char[65536]")
+  local n = C.al_cuda_backend_info(name, info_buf, 65536)
+  if n < 0 then error(last_error(), 2) end
+  return ffi.string(info_buf), tonumber(n)
+end
 function cuda.empty_cache(idx) check(C.al_cuda_empty_cache(idx or 0), "cuda.empty_cache") end
 
 -- al.cuda.Stream(device): s:synchronize(), s:query() (true when idle), s:wait_event(e).

@@ -35,6 +35,13 @@ static al_status device_info(int32_t dev, char *name, int32_t name_len, int32_t 
     return AL_OK;
 }
 
+/* the backends' info functions (attn_fused.cu, attn_flash.cu), for al_cuda_backend_info */
+extern "C" int64_t al_fused_info(char *buf, int64_t n);
+extern "C" int64_t al_flash_info(char *buf, int64_t n);
+static int64_t plugin_backend_info(int32_t backend, char *buf, int64_t n) {
+    return backend == 0 ? al_fused_info(buf, n) : al_flash_info(buf, n);
+}
+
 extern "C" __attribute__((visibility("default"))) al_status al_cuda_plugin_init(al_cuda_api *api,
                                                                                 int32_t core_abi) {
     if (!api) return al_error(AL_ERR_ARG, "al_cuda_plugin_init: api table is NULL");
@@ -102,6 +109,7 @@ extern "C" __attribute__((visibility("default"))) al_status al_cuda_plugin_init(
     api->event_record_on = al_cu_event_record_on;
     al_cu_fp8_fill_api(api);
     api->debug_fault = al_cu_debug_fault;
+    api->backend_info = plugin_backend_info;
     /* attention backends: a registration failure leaves that backend out (explain says so), it does
      * not make the plugin unusable */
     (void)al_cu_attn_fused_register();

@@ -165,16 +165,8 @@ end
 
 local function values(t) return t:to("cpu"):to("f64"):flat_values() end
 
--- the flash backend's NVRTC log (al_flash_info): which specialisations were compiled or loaded
-local function flash_info()
-  local ffi = require "ffi"
-  local ok, lib = pcall(ffi.load, (os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-  assert(ok, tostring(lib))
-  pcall(ffi.cdef, "int64_t al_flash_info(char *buf, int64_t n);")
-  local buf = ffi.new("char[65536]")
-  lib.al_flash_info(buf, 65536)
-  return ffi.string(buf)
-end
+-- the flash backend's NVRTC log: which specialisations were compiled or loaded
+local function flash_info() return (al.cuda.backend_info("flash")) end
 
 local function close_values(name, got, want, tol)
   assert.equal(#want, #got, name .. ": element count")

@@ -488,6 +488,36 @@ describe("cuda streams #gpu", function()
   end)
 end)
 
+describe("al.cuda.backend_info", function()
+  it("names the argument for an unknown backend, and says why without CUDA", function()
+    assert.has_error(function() al.cuda.backend_info("cpu") end,
+      "cuda.backend_info: name: expected 'fused' or 'flash', got cpu")
+    assert.has_error(function() al.cuda.backend_info() end,
+      "cuda.backend_info: name: expected 'fused' or 'flash', got nil")
+    if not HAS_GPU then
+      local ok, err = pcall(al.cuda.backend_info, "fused")
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("cuda_backend_info", 1, true), tostring(err))
+    end
+  end)
+end)
+
+describe("al.cuda.backend_info #gpu", function()
+  it("reports the cuDNN plans and the flash kernels compiled, with counts that follow the calls", function()
+    if not need_gpu() then return end
+    local text, builds = al.cuda.backend_info("fused")
+    assert.truthy(text:find("cudnn=", 1, true), text)
+    assert.truthy(builds >= 0, tostring(builds))
+    local a = { query_layer = al.randn({ 1, 96, 2, 64 }, { dtype = "bf16", device = "cuda" }), key_layer = al.randn({ 1, 96, 2, 64 },
+      { dtype = "bf16", device = "cuda" }), value_layer = al.randn({ 1, 96, 2, 64 }, { dtype = "bf16", device = "cuda" }),
+      qkv_format = "bshd", attn_mask_type = "no_mask", softmax_scale = 0.0917, backend = "flash" }
+    al.attention.forward(a)
+    local ftext, compiled = al.cuda.backend_info("flash")
+    assert.truthy(ftext:find("nvrtc=", 1, true) and ftext:find("d64 bf16 nomask", 1, true), ftext)
+    assert.truthy(compiled >= 0, tostring(compiled))
+  end)
+end)
+
 describe("al.cuda.time", function()
   it("checks its arguments before touching a device", function()
     assert.has_error(function() al.cuda.time(3) end, "cuda.time: fn: expected a function, got number")

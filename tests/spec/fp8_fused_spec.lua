@@ -7,7 +7,6 @@
 -- per-token and MXFP8 recipes). GPU blocks are tagged #gpu and need Hopper (sm_90+); the measured
 -- numbers are printed at the end. One CPU block checks the explain text without a GPU.
 local al = require "attnlab"
-local ffi = require "ffi"
 
 local function hopper()
   if not al.cuda.available() then return false, "no GPU" end
@@ -181,12 +180,8 @@ describe("fp8 fused (cuDNN FP8 SDPA) vs the CPU emulation #gpu", function()
   end)
 
   gpu_it("plan cache: a repeated call builds no new FP8 plan", function()
-    local lib = ffi.load((os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-    pcall(ffi.cdef, "int64_t al_fused_info(char *buf, int64_t n);")
-    local buf = ffi.new("char[256]")
     local function fp8_builds()
-      lib.al_fused_info(buf, 256)
-      return tonumber(ffi.string(buf):match("fp8_builds=(%d+)"))
+      return tonumber(al.cuda.backend_info("fused"):match("fp8_builds=(%d+)"))
     end
     local args = { qkv_layer = R({ 1, 128, 3, 2, 128 }), qkv_format = "bshd", fp8_recipe = DS(), backend = "fused" }
     al.attention.forward(args)

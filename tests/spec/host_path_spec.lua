@@ -4,7 +4,6 @@
 -- are each exercised with a change after a cached call, against the independent Lua oracle.
 package.path = "tests/spec/?.lua;" .. package.path
 local al = require "attnlab"
-local ffi = require "ffi"
 local oracle = require "attention_oracle"
 local C = al.C or require("attnlab.ffi").C
 
@@ -214,9 +213,8 @@ end)
 describe("host path: cached fused call sees every change #gpu", function()
   local ok_gpu = al.cuda and al.cuda.available()
   local function fused_info()
-    local lib = ffi.load((os.getenv("ATTNLAB_LIBDIR") or "lib") .. "/libattnlab_cuda.so")
-    pcall(ffi.cdef, "int64_t al_fused_info(char *buf, int64_t n);")
-    return tonumber(lib.al_fused_info(nil, 0))
+    local _, builds = al.cuda.backend_info("fused")
+    return builds
   end
   local function close(label, gpu_args, tol)
     local _, gctx = al.attention.forward(gpu_args)
