@@ -86,6 +86,12 @@ $(CUDA_LIB): $(CUDA_OBJ) $(CORE_LIB)
 	$(NVCC) -shared -o $@.tmp $(CUDA_OBJ) -L$(LIBDIR) -lattnlab $(CUDA_LDLIBS) -Xlinker --no-undefined -Xlinker -rpath='$$ORIGIN' \
 		&& mv -f $@.tmp $@
 
+# The Hopper forward's GPU check and bench (not part of `make test`: it needs an sm_90 GPU to check
+# anything; without one it prints "no GPU" and exits 0). Used by scripts/gpu_sanitize.sh.
+$(BUILD)/tests/flash_sm90_check: tests/cuda/flash_sm90_check.cu $(wildcard src/cuda/flash_*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc $< -o $@ -lnvrtc
+
 $(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(AL_CFLAGS) $< -o $@ -L$(LIBDIR) -lattnlab $(AL_LDLIBS) -Wl,-rpath,$(abspath $(LIBDIR))

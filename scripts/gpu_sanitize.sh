@@ -44,15 +44,12 @@ make O="$O" all >"$OUT_DIR/build.log" 2>&1 || { tail -30 "$OUT_DIR/build.log"; e
 if [ -z "${SPECS:-}" ]; then
     SPECS=$(grep -l '#gpu' tests/spec/*_spec.lua | tr '\n' ' ')
 fi
-# C programs that run the backends' kernels (test_cuda_faults is left out: it faults on purpose). flash_sm90_check
-# is built here with nvcc (it is not part of `make`) and runs its correctness cases only.
+# C programs that run the backends' kernels (test_cuda_faults is left out: it faults on purpose); built with
+# make (flash_sm90_check too: its own Makefile target), flash_sm90_check running its correctness cases only.
 C_PROGS=${C_PROGS:-"test_gpu_backends test_flash_variant flash_sm90_check"}
-mkdir -p "$O/build/tests"
-if command -v nvcc >/dev/null 2>&1 && [ ! -x "$O/build/tests/flash_sm90_check" ]; then
-    nvcc -O2 -std=c++17 -Iinclude -Isrc tests/cuda/flash_sm90_check.cu -o "$O/build/tests/flash_sm90_check" -lnvrtc \
-        >>"$OUT_DIR/build.log" 2>&1 || echo "gpu_sanitize: flash_sm90_check did not build (see $OUT_DIR/build.log)"
-fi
-make O="$O" "$O/build/tests/test_flash_variant" "$O/build/tests/test_gpu_backends" >>"$OUT_DIR/build.log" 2>&1 || true
+for prog in $C_PROGS; do
+    make O="$O" "$O/build/tests/$prog" >>"$OUT_DIR/build.log" 2>&1 || echo "gpu_sanitize: $prog did not build (see $OUT_DIR/build.log)"
+done
 
 export ATTNLAB_LIBDIR=$(cd "$O/lib" && pwd)
 export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;${LUA_PATH:-;}"

@@ -551,21 +551,28 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
         if (nsplit < 1) nsplit = 1;
     }
     prm.deterministic = p->deterministic ? 1 : 0;
-    prm.nsplit = (int)nsplit;
     void *lse2 = NULL, *dsum = NULL, *acc = NULL;
     AL_TRY(fl_alloc(c, 4 * rows, &lse2));
     AL_TRY(fl_alloc(c, 4 * rows, &dsum));
-    AL_TRY(fl_alloc(c, 4 * nsplit * rows * D, &acc));
     prm.lse2 = (float *)lse2;
     prm.dsum = (float *)dsum;
-    prm.dq_acc = (float *)acc;
+    const unsigned pre_blocks = (unsigned)((rows * 32 + 255) / 256);
 
-    if (rows > 0)
-        AL_TRY(launch(fns[0], "al_flash_bwd_pre", (unsigned)((rows * 32 + 255) / 256), 1, 1, 256, 0, c->s, &prm));
-    /* the Hopper backward where it applies (opt-in: ATTNLAB_FLASH_SM90_BWD=1), after the pre pass */
-    int done = 0;
-    if (rows > 0 && SKV > 0) AL_TRY(al_flash_sm90_backward(c->dev, pl, &prm, c->s, &done));
-    if (done) return AL_OK;
+    /* the Hopper backward where it applies (opt-in: ATTNLAB_FLASH_SM90_BWD=1): it writes dq directly,
+     * so the pre pass runs with no dQ accumulators to zero (nsplit = 0) */
+    if (rows > 0 && SKV > 0 && al_flash_sm90_bwd_applies(pl, NULL, 0)) {
+        prm.nsplit = 0;
+        prm.dq_acc = NULL;
+        AL_TRY(launch(fns[0], "al_flash_bwd_pre", pre_blocks, 1, 1, 256, 0, c->s, &prm));
+        int done = 0;
+        AL_TRY(al_flash_sm90_backward(c->dev, pl, &prm, c->s, &done));
+        if (done) return AL_OK;
+        /* strides TMA cannot describe: the stage-1 kernels below, whose pre pass zeroes the accumulators */
+    }
+    prm.nsplit = (int)nsplit;
+    AL_TRY(fl_alloc(c, 4 * nsplit * rows * D, &acc));
+    prm.dq_acc = (float *)acc;
+    if (rows > 0) AL_TRY(launch(fns[0], "al_flash_bwd_pre", pre_blocks, 1, 1, 256, 0, c->s, &prm));
     if (SKV > 0) {
         const unsigned gx = (unsigned)(p->deterministic ? nsplit : n_blocks);
         AL_TRY(launch(fns[1], "al_flash_bwd", gx, (unsigned)HG, (unsigned)B, (unsigned)tl.threads, (unsigned)tl.smem,

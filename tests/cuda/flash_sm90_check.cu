@@ -4,7 +4,7 @@
  * options (src/cuda/flash_sm90_specs.h, src/cuda/flash_specs.h) and launched with the backend's
  * tensor maps (src/cuda/flash_sm90_tma.h). Not part of `make test`.
  *
- *   nvcc -O2 -std=c++17 -Iinclude -Isrc tests/cuda/flash_sm90_check.cu -o /tmp/fsc -lnvrtc && /tmp/fsc
+ *   make build/tests/flash_sm90_check && build/tests/flash_sm90_check
  *
  * 1. correctness: random bf16 (and f16) q, k, v in [-1, 1) over d 64/128/256, s 1..4096 with lengths that
  *    are not multiples of the tiles, no mask / causal top-left / bottom-right / window, GQA and MQA, bshd
