@@ -6,13 +6,8 @@ local root = (debug.getinfo(1, "S").source:match("^@(.*)/tests/spec/[^/]*$")) or
 local al = require "attnlab"
 local apidoc = require "attnlab.apidoc"
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+package.path = "tests/spec/?.lua;" .. package.path
+local read = require("shell").read
 
 describe("API reference (docs/REFERENCE.md)", function()
   it("is up to date with the header and the Lua modules (else: run make docs)", function()

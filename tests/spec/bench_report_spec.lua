@@ -9,23 +9,9 @@
 -- the peer's curves dashed, the index's charts and numbers, PNGs, and the error paths.
 local root = (debug.getinfo(1, "S").source:match("^@(.*)/tests/spec/[^/]*$")) or "."
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function sh(cmd)
-  local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return out:gsub("__rc=%d+%s*$", ""), rc
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+package.path = "tests/spec/?.lua;" .. package.path
+local shell = require "shell"
+local q, sh, read = shell.q, shell.sh, shell.read
 
 local function report(args)
   return sh("cd " .. q(root) .. " && ATTNLAB_PROGRESS=plain " .. q(root .. "/scripts/attnlab") .. " scripts/bench_report.lua " .. args)

@@ -14,16 +14,9 @@
 local root = (debug.getinfo(1, "S").source:match("^@(.*)/tests/spec/[^/]*$")) or "."
 if root:sub(1, 1) ~= "/" then root = os.getenv("PWD") .. "/" .. root end
 
-local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
--- runs a shell command; returns its output (stdout and stderr) and exit status
-local function sh(cmd)
-  local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\""))
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return out:gsub("__rc=%d+%s*$", ""), rc
-end
+package.path = "tests/spec/?.lua;" .. package.path
+local shell = require "shell"
+local q, sh = shell.q, shell.sh
 
 local function exists(path)
   local f = io.open(path, "rb")
