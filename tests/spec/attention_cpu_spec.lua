@@ -15,16 +15,7 @@ local function copy_args(a, extra)
   return t
 end
 
-local function maxdiff(list_a, list_b)
-  assert.equal(#list_a, #list_b)
-  local m = 0
-  for i = 1, #list_a do
-    local d = math.abs(list_a[i] - list_b[i])
-    if d ~= d then return math.huge end
-    if d > m then m = d end
-  end
-  return m
-end
+local maxdiff = require("nn_check").maxdiff   -- max |a[i] - b[i]| over two lists, NaN as +inf
 
 -- C forward (unflattened out) vs oracle; returns the C out values.
 local function check_oracle(a, tol, name)

@@ -9,16 +9,7 @@ local C = al.C or require("attnlab.ffi").C
 
 local function rnd(shape) return al.randn(shape, { dtype = "f64" }) end
 
-local function maxdiff(a, b)
-  assert.equal(#a, #b)
-  local m = 0
-  for i = 1, #a do
-    local d = math.abs(a[i] - b[i])
-    if d ~= d then return math.huge end
-    if d > m then m = d end
-  end
-  return m
-end
+local maxdiff = require("nn_check").maxdiff   -- max |a[i] - b[i]| over two lists, NaN as +inf
 
 -- the oracle of a packed call: the buffer's select views as separate tensors
 local function oracle_packed(qkv, dim, fmt, mask, extra)
