@@ -558,7 +558,7 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
     prm.dsum = (float *)dsum;
     const unsigned pre_blocks = (unsigned)((rows * 32 + 255) / 256);
 
-    /* the Hopper backward where it applies (opt-in: ATTNLAB_FLASH_SM90_BWD=1): it writes dq directly,
+    /* the Hopper backward where it applies (default; ATTNLAB_FLASH_SM90_BWD=0 turns it off): it writes dq directly,
      * so the pre pass runs with no dQ accumulators to zero (nsplit = 0) */
     if (rows > 0 && SKV > 0 && al_flash_sm90_bwd_applies(pl, NULL, 0)) {
         prm.nsplit = 0;

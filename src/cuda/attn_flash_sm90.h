@@ -19,8 +19,7 @@ extern "C" {
  * Variants (score_mod / mask_mod, captures) too, with a block mask whose blocks are multiples of the
  * kernel's tiles (BM = 128 rows, BN = 128 keys, 64 at d = 256). Declines ALiBi (the stage-1 kernel
  * serves it). ATTNLAB_FLASH_SM90=0 turns the path off (A/B comparisons); unset or 1: on where it
- * applies. Variants take this path only with ATTNLAB_FLASH_SM90_VARIANTS=1 (opt-in until checked on a
- * GPU); otherwise the stage-1 kernel serves them. */
+ * applies. ATTNLAB_FLASH_SM90_VARIANTS=0 sends variants to the stage-1 kernel instead. */
 AL_CU_HIDDEN int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n);
 
 /* A variant specialisation's function through attn_flash.cu's LRU of variant modules (sm90 = 1: the
@@ -34,8 +33,8 @@ AL_CU_HIDDEN al_status al_flash_variant_function(int32_t dev, const struct al_fl
 AL_CU_HIDDEN al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm,
                                              cudaStream_t s, int *done);
 
-/* The Hopper backward (kernels/flash_bwd_sm90.cu), opt-in with ATTNLAB_FLASH_SM90_BWD=1 until checked on a
- * GPU: serves sm_90, f16/bf16, d_qk == d_v in {64, 128}, no ALiBi, no variant, softmax_scale > 0, strides
+/* The Hopper backward (kernels/flash_bwd_sm90.cu), on by default (ATTNLAB_FLASH_SM90_BWD=0 turns it off):
+ * serves sm_90, f16/bf16, d_qk == d_v in {64, 128}, no ALiBi, no variant, softmax_scale > 0, strides
  * TMA takes. al_flash_sm90_backward runs after the stage-1 pre kernel (prm.lse2 / prm.dsum ready) and
  * writes dq, dk, dv (dq directly: no accumulator pass); *done = 0 when it does not apply. */
 AL_CU_HIDDEN int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n);

@@ -20,7 +20,7 @@
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 #define NV_MAX_FNS 4
-#define NV_LOG_LINES 64
+#define NV_LOG_LINES 256   /* a whole flash spec run compiles ~80: keep them all for al.cuda.backend_info */
 
 typedef struct nv_entry {
     int32_t dev;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* the NVRTC entry points used (nvrtc.h types reduced to what the ABI needs) */
 typedef struct nvrtc_api {
@@ -133,6 +134,27 @@ static int nvrtc_memfind(const char *hay, size_t n, const char *needle) {
  * ok, compile time, the ptxas registers/spills of names[0..nf) and whether the cubin holds them all. */
 static void nvrtc_compile_source(const nvrtc_api *nv, const char *src, const char *name, const char *arch,
                                  const char *kdir, const char *const *opts, int nopts, const char **names, int nf,
+                                 nvrtc_result *r);
+
+/* NVRTC 12.9+ keeps its own cache of compiled programs (shared between processes on the machine): a hit
+ * returns the cubin without running ptxas, so the log has no "-v" lines to parse (seen on the H200 host
+ * when another process had just compiled the same kernel). A retry with a never-seen-before line in the
+ * source misses that cache; the unused static is dropped by the compiler. */
+static void nvrtc_compile_uncached(const nvrtc_api *nv, const char *src, const char *name, const char *arch,
+                                   const char *kdir, const char *const *opts, int nopts, const char **names, int nf,
+                                   nvrtc_result *r) {
+    static unsigned long long serial;
+    const size_t n = strlen(src) + 128;
+    char *u = malloc(n);
+    if (!u) return;   /* keep the first result */
+    snprintf(u, n, "static __device__ int al_nvrtc_test_nonce_%ld_%lld_%llu;\n%s", (long)getpid(), (long long)time(NULL),
+             __atomic_add_fetch(&serial, 1, __ATOMIC_RELAXED), src);
+    nvrtc_compile_source(nv, u, name, arch, kdir, opts, nopts, names, nf, r);
+    free(u);
+}
+
+static void nvrtc_compile_source(const nvrtc_api *nv, const char *src, const char *name, const char *arch,
+                                 const char *kdir, const char *const *opts, int nopts, const char **names, int nf,
                                  nvrtc_result *r) {
     memset(r, 0, sizeof *r);
     char o_arch[48], o_inc[1100];
@@ -162,7 +184,17 @@ static void nvrtc_compile_source(const nvrtc_api *nv, const char *src, const cha
     if (rc != 0) {
         snprintf(r->msg, sizeof r->msg, "%s: %.1900s", nv->errstr(rc), log ? log : "");
     } else {
-        for (int i = 0; i < nf && i < 4; i++) nvrtc_parse_ptxas(log ? log : "", names[i], &r->regs[i], &r->spill[i]);
+        int unreported = 0;
+        for (int i = 0; i < nf && i < 4; i++) {
+            nvrtc_parse_ptxas(log ? log : "", names[i], &r->regs[i], &r->spill[i]);
+            unreported |= r->regs[i] < 0;
+        }
+        if (unreported && strncmp(src, "static __device__ int al_nvrtc_test_nonce_", 42) != 0) {
+            free(log);
+            nv->destroy(&prog);
+            nvrtc_compile_uncached(nv, src, name, arch, kdir, opts, nopts, names, nf, r);
+            return;
+        }
         size_t cn = 0;
         nv->cubin_size(prog, &cn);
         char *cub = malloc(cn ? cn : 1);

@@ -217,5 +217,19 @@ int main(void) {
             if (t_current_failed) t_failed++;
             else t_passed++;
         }
+    /* Every tensor of every case was freed: no device bytes in use. Then the caching allocator hands its
+     * blocks back to CUDA, so that under compute-sanitizer's leak check (scripts/gpu_sanitize.sh) what
+     * remains is only what the libraries keep for the process's lifetime (cuBLASLt / cuDNN handles,
+     * the plugin's workspaces), not tensors or cached blocks. */
+    t_current = "no device memory in use after the cases; the cache empties";
+    t_current_failed = 0;
+    const int64_t in_use = al_memory_in_use(AL_DEVICE_CUDA, 0);
+    CHECK(in_use == 0, "%lld bytes of tensor storage still in use on cuda:0 after every case freed its tensors",
+          (long long)in_use);
+    CHECK_OK(al_cuda_empty_cache(0));
+    printf("  after empty_cache: the allocator holds %lld bytes (workspaces kept for the process)\n",
+           (long long)al_cuda_memory_reserved(0));
+    if (t_current_failed) t_failed++;
+    else t_passed++;
     return SUMMARY("gpu_backends");
 }
