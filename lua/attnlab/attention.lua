@@ -27,6 +27,14 @@ local T = require "attnlab.tensor"
 local ffi, C = lffi.ffi, lffi.C
 
 local M = {}
+-- Upvalues rather than global and field lookups on the hot path: each looked-up name is a constant of
+-- the trace, and a trace of more than 500 constant slots is not compiled (see build below).
+local type, tonumber = type, tonumber
+local istype, ffi_copy = ffi.istype, ffi.copy
+local tensor_ct = ffi.typeof("al_lua_tensor")
+local after_alloc = T.after_alloc
+local LOADED = package.loaded
+local al_attn_params_init, al_attn_forward, al_tensor_view = C.al_attn_params_init, C.al_attn_forward, C.al_tensor_view
 
 local FORMATS = { sbhd = 0, bshd = 1, thd = 2 }
 local MASKS = { no_mask = 0, padding = 1, causal = 2, padding_causal = 3, causal_bottom_right = 4,
@@ -58,7 +66,13 @@ local function warn(al, category, msg)
   else io.stderr:write("attnlab: " .. category .. ": " .. msg .. "\n") end
 end
 
-local function is_tensor(x) return T.is_tensor(x) end
+-- (as T.is_tensor: false for non-cdata too). Not a tail call: a trace started in a function that
+-- tail-calls a builtin or a C function aborts ("leaving loop in root trace") and the function ends up
+-- blacklisted, which then aborts every trace through it; the same holds for T.new.
+local function is_tensor(x)
+  local r = istype(tensor_ct, x)
+  return r
+end
 
 local function check_tensor_arg(fname, name, x)
   if x ~= nil and not is_tensor(x) then error(fname .. ": " .. name .. ": expected a tensor, got " .. type(x), 3) end
@@ -67,7 +81,7 @@ end
 -- One argument table for unpack_qkv, refilled per call and emptied after it: a fresh table per call would
 -- be rescanned for unknown names (pairs(), not compiled) every time (bench/host_overhead.lua).
 local UARGS = {}
-local layout_mod -- attnlab.layout, cached (require is a C function: it would end the trace)
+local detect_layout = require("attnlab.layout").detect
 
 -- The select views of a packed qkv_layer, remembered per buffer handle (weak keys) with a byte copy of
 -- the handle's descriptor and the arguments that shaped them: a buffer passed again unchanged (same
@@ -105,7 +119,6 @@ M._views_cache = VIEWS -- for tests
 
 -- level: frames from unpack_inputs up to the user's call (for the deprecation warning's location)
 local function unpack_inputs(al, fname, args, fmt, level)
-  local A = al.attention
   if args.qkv_layer ~= nil or args.kv_layer ~= nil then
     local e = cached_views(args, fmt)
     if e ~= nil then return e.q, e.k, e.v, e.layout, "qkv" end
@@ -116,21 +129,22 @@ local function unpack_inputs(al, fname, args, fmt, level)
     u.key_layer, u.value_layer = args.key_layer, args.value_layer
     u.qkv_interleave_dim, u.qkv_format = args.qkv_interleave_dim or -3, fmt
     u.inference_params = args.inference_params
-    local q, k, v, layout = A.unpack_qkv(u) -- (after an error the next call refills u)
+    local q, k, v, layout = al.attention.unpack_qkv(u) -- (after an error the next call refills u)
     u.qkv_layer, u.kv_layer, u.query_layer, u.key_layer, u.value_layer, u.inference_params = nil, nil, nil, nil, nil, nil
     remember_views(args, fmt, q, k, v, layout)
     return q, k, v, layout, args.qkv_layer and "qkv" or "kv"
   end
   local q, k, v = args.query_layer, args.key_layer, args.value_layer
-  if q == nil or k == nil or v == nil then
-    error(fname .. ": query_layer, key_layer and value_layer are required unless packed inputs (qkv_layer or " ..
-      "kv_layer) are provided", 3)
+  if not (is_tensor(q) and is_tensor(k) and is_tensor(v)) then
+    if q == nil or k == nil or v == nil then
+      error(fname .. ": query_layer, key_layer and value_layer are required unless packed inputs (qkv_layer or " ..
+        "kv_layer) are provided", 3)
+    end
+    check_tensor_arg(fname, "query_layer", q)
+    check_tensor_arg(fname, "key_layer", k)
+    check_tensor_arg(fname, "value_layer", v)
   end
-  check_tensor_arg(fname, "query_layer", q)
-  check_tensor_arg(fname, "key_layer", k)
-  check_tensor_arg(fname, "value_layer", v)
-  layout_mod = layout_mod or require("attnlab.layout")
-  local layout = layout_mod.detect(q, k, v, fmt, args.inference_params, level or 1)
+  local layout = detect_layout(q, k, v, fmt, args.inference_params, level or 1)
   return q, k, v, layout, "separate"
 end
 
@@ -163,15 +177,13 @@ end
 local BACKEND_LEN = 16
 local NO_DEFAULTS = setmetatable({}, { __newindex = function() error("attention: NO_DEFAULTS is read-only", 2) end })
 
--- Plain functions rather than closures in build(): creating a closure (bytecode FNEW) is not compiled by
--- LuaJIT and drags every call into the interpreter (bench/host_overhead.lua, phase (a)).
-local function getarg(args, defaults, name, dflt)
-  local v = args[name]
-  if v == nil then v = defaults[name] end
-  if v == nil then v = dflt end
-  return v
-end
-
+-- The hot path (build, forward, flatten) is written for LuaJIT's trace compiler, so that one cached call
+-- compiles into one short trace whatever the caller's loop looks like (bench/host_path_instr.sh counts
+-- it): no helper called several times per call with different arguments (its own trace's side exits
+-- end in "loop unroll limit reached" and fall back to the interpreter), no inner loops, no closures,
+-- few constants (a trace of more than 500 aborts as "trace too long"), and the rare cases (errors,
+-- optional tensors, window sizes, dropout) in functions of their own that a plain call never enters.
+-- A setting is the call's argument, else the module's default (`defaults`), else the built-in default.
 local function set_opt(fname, inp, refs, field, name, x)
   if x == nil then return end
   check_tensor_arg(fname, name, x)
@@ -179,94 +191,16 @@ local function set_opt(fname, inp, refs, field, name, x)
   inp[field] = x.raw
 end
 
-local function build(al, fname, args, defaults, level)
-  if type(args) ~= "table" then error(fname .. ": expected a table of named arguments, got " .. type(args), 3) end
-  defaults = defaults or NO_DEFAULTS
-  local fmt_name = getarg(args, defaults, "qkv_format", "sbhd")
-  local fmt = enum(fname, "qkv_format", FORMATS, fmt_name)
-  local q, k, v, layout, mode = unpack_inputs(al, fname, args, fmt_name, (level or 3) + 2)
-  local mask_code, mask_name = enum(fname, "attn_mask_type", MASKS, getarg(args, defaults, "attn_mask_type", "causal"), MASK_ALIASES)
-  local bias_code = enum(fname, "core_attention_bias_type", BIASES, getarg(args, defaults, "core_attention_bias_type", "no_bias"))
-  local sm_code = enum(fname, "softmax_type", SOFTMAX, getarg(args, defaults, "softmax_type", "vanilla"))
-
-  local p = ffi.new("al_attn_params")
-  C.al_attn_params_init(p)
-  p.qkv_format = fmt
-  p.mask_type = mask_code
-  p.bias_type = bias_code
-  p.softmax_type = sm_code
-  local wl, wr = window(al, fname, mask_name, getarg(args, defaults, "window_size"))
-  p.window_left, p.window_right = wl, wr
-  local brd = getarg(args, defaults, "bottom_right_diagonal")
-  if brd ~= nil then p.bottom_right_diagonal = brd and 1 or 0 end
-  local scale = getarg(args, defaults, "softmax_scale")
-  if scale ~= nil then
-    if type(scale) ~= "number" or scale == 0 then error(fname .. ": softmax_scale: expected a non-zero number, got " .. tostring(scale), 3) end
-    p.softmax_scale = scale
-  end
-  local dropout = getarg(args, defaults, "attention_dropout", 0)
-  if type(dropout) ~= "number" or dropout < 0 or dropout >= 1 then
-    error(fname .. ": attention_dropout: expected a number in [0, 1), got " .. tostring(dropout), 3)
-  end
-  p.dropout_p = dropout
-  p.return_max_logit = getarg(args, defaults, "return_max_logit", false) and 1 or 0
-  p.deterministic = getarg(args, defaults, "deterministic", false) and 1 or 0
-  local cd = getarg(args, defaults, "compute_dtype", "f32")
-  if cd ~= "f32" and cd ~= "f64" then error(fname .. ": compute_dtype: expected 'f32' or 'f64', got " .. tostring(cd), 3) end
-  p.compute_dtype = cd == "f64" and 1 or 0
-  local be = getarg(args, defaults, "backend")
-  if be ~= nil then
-    if type(be) ~= "string" or #be >= BACKEND_LEN then error(fname .. ": backend: expected 'cpu', 'unfused', 'flash' or 'fused', got " .. tostring(be), 3) end
-    ffi.copy(p.backend, be)
-  end
-  local msq, mskv = getarg(args, defaults, "max_seqlen_q"), getarg(args, defaults, "max_seqlen_kv")
-  if fmt_name == "thd" then
-    if msq ~= nil then p.sq = msq end
-    if mskv ~= nil then p.skv = mskv end
-  end
-
-  -- head counts against the module's configuration
-  -- (read off the descriptors: methods:size() gets blacklisted by the JIT when called with and without a
-  -- dim, and every trace through it then aborts; released or odd-ranked tensors take the method path)
-  local qr, kr, vr = q.raw, k.raw, v.raw
-  local nd = qr.ndim
-  local fast = nd >= 2 and kr.ndim == nd and vr.ndim == nd and qr.storage ~= nil and kr.storage ~= nil and
-    vr.storage ~= nil
-  local h, hg
-  if fast then h, hg = tonumber(qr.size[nd - 2]), tonumber(kr.size[nd - 2])
-  else nd = q:dim(); h, hg = q:size(nd - 1), k:size(nd - 1) end
-  local nh, ng = getarg(args, defaults, "num_attention_heads"), getarg(args, defaults, "num_gqa_groups")
-  if nh ~= nil and h ~= nh then
-    error(string.format("%s: query_layer has %d heads, expected num_attention_heads = %d", fname, h, nh), 3)
-  end
-  if ng ~= nil and hg ~= ng then
-    error(string.format("%s: Keys and values must have num_gqa_group = %d heads, got %d", fname, ng, hg), 3)
-  end
-  local kvc = getarg(args, defaults, "kv_channels")
-  if kvc ~= nil then
-    local dqk, dv = kvc, kvc
-    if type(kvc) == "table" then dqk, dv = kvc[1], kvc[2] end
-    local gq, gk, gv
-    if fast then gq, gk, gv = tonumber(qr.size[nd - 1]), tonumber(kr.size[nd - 1]), tonumber(vr.size[nd - 1])
-    else gq, gk, gv = q:size(-1), k:size(-1), v:size(-1) end
-    if gq ~= dqk or gk ~= dqk then
-      error(string.format("%s: query/key head dim must equal kv_channels d_qk = %d, got %d and %d", fname, dqk, gq, gk), 3)
-    end
-    if gv ~= dv then
-      error(string.format("%s: value head dim must equal kv_channels d_v = %d, got %d", fname, dv, gv), 3)
-    end
-  end
-
-  local refs = { q = q, k = k, v = v }
-  local inp = ffi.new("al_attn_inputs")
-  inp.q, inp.k, inp.v = q.raw, k.raw, v.raw
+-- the optional tensor inputs (cu_seqlens, masks, bias, ALiBi slopes, softmax offset), when any is given
+-- (level: build's level 3, the caller of M.forward)
+local function optional_inputs(fname, args, inp, refs, offset)
   set_opt(fname, inp, refs, "cu_seqlens_q", "cu_seqlens_q", args.cu_seqlens_q)
   set_opt(fname, inp, refs, "cu_seqlens_kv", "cu_seqlens_kv", args.cu_seqlens_kv)
   set_opt(fname, inp, refs, "cu_seqlens_q_padded", "cu_seqlens_q_padded", args.cu_seqlens_q_padded)
   set_opt(fname, inp, refs, "cu_seqlens_kv_padded", "cu_seqlens_kv_padded", args.cu_seqlens_kv_padded)
   local am = args.attention_mask
   if type(am) == "table" then
-    if #am ~= 2 then error(fname .. ": attention_mask: expected a tensor or {q_mask, kv_mask}", 3) end
+    if #am ~= 2 then error(fname .. ": attention_mask: expected a tensor or {q_mask, kv_mask}", 4) end
     set_opt(fname, inp, refs, "attention_mask", "attention_mask[1]", am[1])
     set_opt(fname, inp, refs, "attention_mask_kv", "attention_mask[2]", am[2])
   else
@@ -274,33 +208,169 @@ local function build(al, fname, args, defaults, level)
   end
   set_opt(fname, inp, refs, "bias", "core_attention_bias", args.core_attention_bias)
   set_opt(fname, inp, refs, "alibi_slopes", "alibi_slopes", args.alibi_slopes)
-  set_opt(fname, inp, refs, "softmax_offset", "softmax_offset", getarg(args, defaults, "softmax_offset"))
+  set_opt(fname, inp, refs, "softmax_offset", "softmax_offset", offset)
+end
 
-  -- dropout stream: (seed, offset) from the default generator, counters reserved for b*h*sq*skv
-  if dropout > 0 then
-    local seed, off = args.dropout_seed, args.dropout_offset
-    if seed == nil or off == nil then
-      local s, o = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-      C.al_rng_get_state(s, o)
-      seed = seed or s[0]
-      if off == nil then
-        local st = C.al_attn_check(p, inp)
-        T.check(st, fname)
-        -- b*h*sq*skv elements, 4 per Philox counter (the plan filled nothing back into p: compute here)
-        local b, sq, skv
-        if fmt_name == "thd" then
-          b = refs.cu_seqlens_q:size(1) - 1
-          sq = msq or q:size(1)
-          skv = mskv or k:size(1)
-        else
-          local bd = fmt_name == "sbhd" and 2 or 1
-          b, sq, skv = q:size(bd), q:size(3 - bd), k:size(3 - bd)
-        end
-        off = C.al_rng_reserve(math.ceil(b * h * sq * skv / 4))
-      end
-    end
-    p.dropout_seed, p.dropout_offset = seed, off
+-- head counts and head dims against the module's configuration, from the descriptors (methods:size()
+-- gets blacklisted by the JIT when called with and without a dim, and every trace through it then
+-- aborts); released or odd-ranked tensors take the method path. Errors at level 4 (M.forward's caller).
+local function check_heads(fname, q, k, v, nh, ng, kvc)
+  local qr, kr, vr = q.raw, k.raw, v.raw
+  local nd = qr.ndim
+  local fast = nd >= 2 and kr.ndim == nd and vr.ndim == nd and qr.storage ~= nil and kr.storage ~= nil and
+    vr.storage ~= nil
+  local h, hg
+  if fast then h, hg = tonumber(qr.size[nd - 2]), tonumber(kr.size[nd - 2])
+  else nd = q:dim(); h, hg = q:size(nd - 1), k:size(nd - 1) end
+  if nh ~= nil and h ~= nh then
+    error(string.format("%s: query_layer has %d heads, expected num_attention_heads = %d", fname, h, nh), 4)
   end
+  if ng ~= nil and hg ~= ng then
+    error(string.format("%s: Keys and values must have num_gqa_group = %d heads, got %d", fname, ng, hg), 4)
+  end
+  if kvc ~= nil then
+    local dqk, dv = kvc, kvc
+    if type(kvc) == "table" then dqk, dv = kvc[1], kvc[2] end
+    local gq, gk, gv
+    if fast then gq, gk, gv = tonumber(qr.size[nd - 1]), tonumber(kr.size[nd - 1]), tonumber(vr.size[nd - 1])
+    else gq, gk, gv = q:size(-1), k:size(-1), v:size(-1) end
+    if gq ~= dqk or gk ~= dqk then
+      error(string.format("%s: query/key head dim must equal kv_channels d_qk = %d, got %d and %d", fname, dqk, gq, gk), 4)
+    end
+    if gv ~= dv then
+      error(string.format("%s: value head dim must equal kv_channels d_v = %d, got %d", fname, dv, gv), 4)
+    end
+  end
+  return h
+end
+
+-- dropout stream: (seed, offset) from the default generator, counters reserved for b*h*sq*skv
+local function dropout_stream(fname, args, p, inp, refs, fmt_name, q, k, h, msq, mskv)
+  local seed, off = args.dropout_seed, args.dropout_offset
+  if seed == nil or off == nil then
+    local s, o = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+    C.al_rng_get_state(s, o)
+    seed = seed or s[0]
+    if off == nil then
+      local st = C.al_attn_check(p, inp)
+      if st ~= 0 then
+        local msg = T.last_error()
+        if msg:sub(1, #fname + 1) ~= fname .. ":" then msg = fname .. ": " .. msg end
+        error(msg, 3)
+      end
+      -- b*h*sq*skv elements, 4 per Philox counter (the plan filled nothing back into p: compute here)
+      local b, sq, skv
+      if fmt_name == "thd" then
+        b = refs.cu_seqlens_q:size(1) - 1
+        sq = msq or q:size(1)
+        skv = mskv or k:size(1)
+      else
+        local bd = fmt_name == "sbhd" and 2 or 1
+        b, sq, skv = q:size(bd), q:size(3 - bd), k:size(3 - bd)
+      end
+      off = C.al_rng_reserve(math.ceil(b * h * sq * skv / 4))
+    end
+  end
+  p.dropout_seed, p.dropout_offset = seed, off
+end
+
+local params_ct, inputs_ct = ffi.typeof("al_attn_params"), ffi.typeof("al_attn_inputs")
+
+local function build(al, fname, args, defaults, level)
+  if type(args) ~= "table" then error(fname .. ": expected a table of named arguments, got " .. type(args), 3) end
+  defaults = defaults or NO_DEFAULTS
+  local fmt_name = args.qkv_format
+  if fmt_name == nil then fmt_name = defaults.qkv_format; if fmt_name == nil then fmt_name = "sbhd" end end
+  local fmt = FORMATS[fmt_name]
+  if fmt == nil then fmt = enum(fname, "qkv_format", FORMATS, fmt_name) end
+  local q, k, v, layout, mode = unpack_inputs(al, fname, args, fmt_name, (level or 3) + 2)
+  local mask_name = args.attn_mask_type
+  if mask_name == nil then mask_name = defaults.attn_mask_type; if mask_name == nil then mask_name = "causal" end end
+  local mask_code = MASKS[mask_name]
+  if mask_code == nil then mask_code, mask_name = enum(fname, "attn_mask_type", MASKS, mask_name, MASK_ALIASES) end
+  local bias_name = args.core_attention_bias_type
+  if bias_name == nil then bias_name = defaults.core_attention_bias_type; if bias_name == nil then bias_name = "no_bias" end end
+  local bias_code = BIASES[bias_name]
+  if bias_code == nil then bias_code = enum(fname, "core_attention_bias_type", BIASES, bias_name) end
+  local sm_name = args.softmax_type
+  if sm_name == nil then sm_name = defaults.softmax_type; if sm_name == nil then sm_name = "vanilla" end end
+  local sm_code = SOFTMAX[sm_name]
+  if sm_code == nil then sm_code = enum(fname, "softmax_type", SOFTMAX, sm_name) end
+
+  local p = params_ct()
+  al_attn_params_init(p)
+  p.qkv_format = fmt
+  p.mask_type = mask_code
+  p.bias_type = bias_code
+  p.softmax_type = sm_code
+  local ws = args.window_size
+  if ws == nil then ws = defaults.window_size end
+  if ws == nil then
+    p.window_left, p.window_right = -1, CAUSAL[mask_name] and 0 or -1
+  else
+    local wl, wr = window(al, fname, mask_name, ws)
+    p.window_left, p.window_right = wl, wr
+  end
+  local brd = args.bottom_right_diagonal
+  if brd == nil then brd = defaults.bottom_right_diagonal end
+  if brd ~= nil then p.bottom_right_diagonal = brd and 1 or 0 end
+  local scale = args.softmax_scale
+  if scale == nil then scale = defaults.softmax_scale end
+  if scale ~= nil then
+    if type(scale) ~= "number" or scale == 0 then error(fname .. ": softmax_scale: expected a non-zero number, got " .. tostring(scale), 3) end
+    p.softmax_scale = scale
+  end
+  local dropout = args.attention_dropout
+  if dropout == nil then dropout = defaults.attention_dropout; if dropout == nil then dropout = 0 end end
+  if type(dropout) ~= "number" or dropout < 0 or dropout >= 1 then
+    error(fname .. ": attention_dropout: expected a number in [0, 1), got " .. tostring(dropout), 3)
+  end
+  p.dropout_p = dropout
+  local rml = args.return_max_logit
+  if rml == nil then rml = defaults.return_max_logit end
+  p.return_max_logit = rml and 1 or 0
+  local det = args.deterministic
+  if det == nil then det = defaults.deterministic end
+  p.deterministic = det and 1 or 0
+  local cd = args.compute_dtype
+  if cd == nil then cd = defaults.compute_dtype end
+  if cd == nil or cd == "f32" then p.compute_dtype = 0
+  elseif cd == "f64" then p.compute_dtype = 1
+  else error(fname .. ": compute_dtype: expected 'f32' or 'f64', got " .. tostring(cd), 3) end
+  local be = args.backend
+  if be == nil then be = defaults.backend end
+  if be ~= nil then
+    if type(be) ~= "string" or #be >= BACKEND_LEN then error(fname .. ": backend: expected 'cpu', 'unfused', 'flash' or 'fused', got " .. tostring(be), 3) end
+    ffi_copy(p.backend, be)
+  end
+  local msq, mskv
+  if fmt == 2 then -- thd
+    msq, mskv = args.max_seqlen_q, args.max_seqlen_kv
+    if msq == nil then msq = defaults.max_seqlen_q end
+    if mskv == nil then mskv = defaults.max_seqlen_kv end
+    if msq ~= nil then p.sq = msq end
+    if mskv ~= nil then p.skv = mskv end
+  end
+
+  local nh = args.num_attention_heads
+  if nh == nil then nh = defaults.num_attention_heads end
+  local ng = args.num_gqa_groups
+  if ng == nil then ng = defaults.num_gqa_groups end
+  local kvc = args.kv_channels
+  if kvc == nil then kvc = defaults.kv_channels end
+  local h = check_heads(fname, q, k, v, nh, ng, kvc)
+
+  local refs = { q = q, k = k, v = v }
+  local inp = inputs_ct()
+  inp.q, inp.k, inp.v = q.raw, k.raw, v.raw
+  local so = args.softmax_offset
+  if so == nil then so = defaults.softmax_offset end
+  if so ~= nil or args.cu_seqlens_q ~= nil or args.cu_seqlens_kv ~= nil or args.cu_seqlens_q_padded ~= nil or
+    args.cu_seqlens_kv_padded ~= nil or args.attention_mask ~= nil or args.core_attention_bias ~= nil or
+    args.alibi_slopes ~= nil then
+    optional_inputs(fname, args, inp, refs, so)
+  end
+  if dropout > 0 then dropout_stream(fname, args, p, inp, refs, fmt_name, q, k, h, msq, mskv) end
   return p, inp, refs, layout, mode, fmt_name
 end
 
@@ -309,13 +379,22 @@ end
 ---------------------------------------------------------------------------------------------------
 local flat_size = ffi.new("int64_t[8]")
 -- out [..., h, d_v] -> [..., h*d_v]: one C call, no size table (out is the backends' contiguous result)
-local function flatten(out, fmt_name)
+-- (the ranks of the three formats written out: a loop would be an inner loop in the caller's trace)
+local function flatten(out)
   local r = out.raw
   local n = r.ndim
-  for i = 0, n - 3 do flat_size[i] = r.size[i] end
-  flat_size[n - 2] = r.size[n - 2] * r.size[n - 1]
-  local f = T.new()
-  T.check(C.al_tensor_view(f.raw, r, n - 1, flat_size), "attention.forward")
+  local sz = r.size
+  if n == 4 then
+    flat_size[0], flat_size[1], flat_size[2] = sz[0], sz[1], sz[2] * sz[3]
+  elseif n == 3 then
+    flat_size[0], flat_size[1] = sz[0], sz[2] * sz[1]
+  else
+    for i = 0, n - 3 do flat_size[i] = sz[i] end
+    flat_size[n - 2] = sz[n - 2] * sz[n - 1]
+  end
+  local f = tensor_ct()
+  local st = al_tensor_view(f.raw, r, n - 1, flat_size)
+  if st ~= 0 then T.check(st, "attention.forward") end
   return f
 end
 
@@ -324,7 +403,7 @@ end
 local function apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, dry)
   local r = args.fp8_recipe
   if r == nil and defaults then r = defaults.fp8_recipe end
-  local fp8 = package.loaded["attnlab.fp8"]
+  local fp8 = LOADED["attnlab.fp8"]
   if r == nil and fp8 then r = fp8.active_recipe() end
   if not r then return nil end
   fp8 = fp8 or require "attnlab.fp8"
@@ -424,7 +503,7 @@ local function forward_variant(al, fname, args, defaults, sm, mm, bm, level)
     T.after_alloc()
   end
   ctx.out, ctx.lse = out, lse
-  return flatten(out, fmt_name), ctx
+  return flatten(out), ctx
 end
 
 -- level: frames from M.forward up to the user's call
@@ -436,15 +515,17 @@ function M.forward(al, args, defaults, level)
   end
   local p, inp, refs, layout, mode, fmt_name = build(al, fname, args, defaults, (level or 2) + 1)
   local f8 = apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, false)
-  local out, lse = T.new(), T.new()
-  local ml = p.return_max_logit ~= 0 and T.new() or nil
-  T.check(C.al_attn_forward(p, inp, out.raw, lse.raw, ml and ml.raw or nil), fname)
-  T.after_alloc()
+  local out, lse = tensor_ct(), tensor_ct()
+  local ml = nil
+  if p.return_max_logit ~= 0 then ml = tensor_ct() end
+  local st = al_attn_forward(p, inp, out.raw, lse.raw, ml and ml.raw or nil)
+  if st ~= 0 then T.check(st, fname) end
+  after_alloc()
   if f8 then out = f8.module.finish_forward(al, f8.recipe, f8.f, out, f8.post) end
   local ctx = { params = p, inputs = inp, refs = refs, layout = layout, mode = mode, qkv_format = fmt_name,
     out = out, lse = lse, args = args, fp8 = f8,
     qkv_interleave_dim = args.qkv_interleave_dim or -3 }
-  local flat = flatten(out, fmt_name)
+  local flat = flatten(out)
   if p.return_max_logit ~= 0 then
     ctx.max_logit = ml
     return flat, ml, ctx

@@ -214,10 +214,12 @@ M.deprecation_message = deprecation_message
 -- level: 1 = the function calling detect (the place a deprecation warning names), 2 = its caller...
 local function detect(q, k, v, qkv_format, inference_params, level, fname)
   fname = fname or "detect_layout"
-  local x = { q, k, v }
-  for i = 1, 3 do
-    if not is_tensor(x[i]) then
-      error(fname .. ": " .. DET_ARGS[i] .. ": expected a tensor, got " .. type(x[i]), (level or 1) + 1)
+  if not (is_tensor(q) and is_tensor(k) and is_tensor(v)) then -- (no table, no loop on the attention hot path)
+    local x = { q, k, v }
+    for i = 1, 3 do
+      if not is_tensor(x[i]) then
+        error(fname .. ": " .. DET_ARGS[i] .. ": expected a tensor, got " .. type(x[i]), (level or 1) + 1)
+      end
     end
   end
   local fc = qkv_format == nil and 0 or FORMAT_CODE[qkv_format] or format_code(qkv_format, fname)

@@ -28,6 +28,7 @@ The backward mirrors it (grads.query_layer etc. are per-rank lists or tensors).
 local M = {}
 
 local T = require "attnlab.tensor"
+local type, rawget, rawequal = type, rawget, rawequal -- (upvalues: fewer constants in the forward's trace)
 
 local function check_int(fname, name, v, min)
   if type(v) ~= "number" or v % 1 ~= 0 or v < (min or 1) then
@@ -91,19 +92,32 @@ function M.install(al)
   end
 
   -- the module's settings as defaults for al.attention
-  -- (one table per module, refilled on every call from the current fields: settings changed between
-  -- calls are always seen, and a forward allocates no defaults table; bench/host_overhead.lua)
+  -- (one table per module, brought up to date on every call from the current fields: settings changed
+  -- between calls are always seen, and a forward allocates no defaults table. A field is written only
+  -- when it changed (rawequal: a value's own __eq is never consulted): writing nil to an absent key
+  -- costs a table insertion on every call in a trace; bench/host_path_instr.sh)
   function DPA:_defaults()
     local d = rawget(self, "_dflt")
     if d == nil then d = {}; rawset(self, "_dflt", d) end
-    d.qkv_format, d.attn_mask_type, d.window_size = self.qkv_format, self.attn_mask_type, self.window_size
-    d.bottom_right_diagonal, d.softmax_scale = self.bottom_right_diagonal, self.softmax_scale
-    d.softmax_type, d.softmax_offset = self.softmax_type, self.softmax_offset
-    d.attention_dropout, d.return_max_logit = self.train and self.attention_dropout or 0, self.return_max_logit
-    d.backend, d.compute_dtype = self.backend, self.compute_dtype
-    d.num_attention_heads, d.num_gqa_groups = self.num_attention_heads, self.num_gqa_groups
-    d.kv_channels, d.fp8_recipe = self.kv_channels, self.fp8_recipe
-    d.score_mod, d.mask_mod, d.block_mask = self.score_mod, self.mask_mod, self.block_mask
+    local v
+    v = self.qkv_format if not rawequal(d.qkv_format, v) then d.qkv_format = v end
+    v = self.attn_mask_type if not rawequal(d.attn_mask_type, v) then d.attn_mask_type = v end
+    v = self.window_size if not rawequal(d.window_size, v) then d.window_size = v end
+    v = self.bottom_right_diagonal if not rawequal(d.bottom_right_diagonal, v) then d.bottom_right_diagonal = v end
+    v = self.softmax_scale if not rawequal(d.softmax_scale, v) then d.softmax_scale = v end
+    v = self.softmax_type if not rawequal(d.softmax_type, v) then d.softmax_type = v end
+    v = self.softmax_offset if not rawequal(d.softmax_offset, v) then d.softmax_offset = v end
+    v = self.train and self.attention_dropout or 0 if not rawequal(d.attention_dropout, v) then d.attention_dropout = v end
+    v = self.return_max_logit if not rawequal(d.return_max_logit, v) then d.return_max_logit = v end
+    v = self.backend if not rawequal(d.backend, v) then d.backend = v end
+    v = self.compute_dtype if not rawequal(d.compute_dtype, v) then d.compute_dtype = v end
+    v = self.num_attention_heads if not rawequal(d.num_attention_heads, v) then d.num_attention_heads = v end
+    v = self.num_gqa_groups if not rawequal(d.num_gqa_groups, v) then d.num_gqa_groups = v end
+    v = self.kv_channels if not rawequal(d.kv_channels, v) then d.kv_channels = v end
+    v = self.fp8_recipe if not rawequal(d.fp8_recipe, v) then d.fp8_recipe = v end
+    v = self.score_mod if not rawequal(d.score_mod, v) then d.score_mod = v end
+    v = self.mask_mod if not rawequal(d.mask_mod, v) then d.mask_mod = v end
+    v = self.block_mask if not rawequal(d.block_mask, v) then d.block_mask = v end
     return d
   end
 
@@ -284,6 +298,7 @@ function M.install(al)
     return res
   end
 
+  local forward_with = al.attention._forward_with
   function DPA:forward(input)
     if type(input) ~= "table" then error("DotProductAttention:forward: expected a table of inputs, got " .. type(input), 2) end
     if self.cp_group ~= nil then
@@ -303,8 +318,8 @@ function M.install(al)
       self.ctx, self.output, self.max_logit, self.inference = nil, out, nil, true
       return out
     end
-    self.inference = nil
-    local out, a, b = al.attention._forward_with(input, self:_defaults(), 2)
+    if self.inference ~= nil then self.inference = nil end -- (a nil store to an absent key costs an insertion)
+    local out, a, b = forward_with(input, self:_defaults(), 2)
     if self.return_max_logit or input.return_max_logit then
       self.ctx, self.output, self.max_logit = b, out, a
       return out, a

@@ -68,7 +68,8 @@ local soft_limit = 1024 * 1024 * 1024 -- bytes on all devices before Lua is nudg
 M.gc_stats = { collections = 0 }
 
 local function new()
-  return tensor_ct()
+  local t = tensor_ct() -- (not a tail call: a trace started here could not return through it)
+  return t
 end
 M.new = new
 

@@ -199,6 +199,28 @@ describe("host path: forward outputs and backend choice", function()
   end)
 end)
 
+-- The cached call compiles under LuaJIT: a fresh process runs 3000 calls of each path in
+-- bench/host_path_loop.lua, and every trace recording LuaJIT aborts during that loop must be one cut
+-- short by a tensor finaliser (the collector runs them in the interpreter, so such aborts are expected
+-- and harmless). "trace too long", "leaving loop in root trace", "loop unroll limit reached",
+-- "blacklisted" or an NYI operation there means the hot path no longer compiles as one trace: that is
+-- what made DotProductAttention:forward cost 28k to 98k instructions per call, depending on the traces
+-- LuaJIT happened to form (bench/host_path_instr.sh counts them).
+describe("host path: the cached call compiles under LuaJIT", function()
+  local shell = require "shell"
+  for _, path in ipairs({ "func", "module", "func_packed", "module_packed" }) do
+    it(path .. ": no trace abort in the hot loop but a finaliser's, and the loop compiles", function()
+      if not (jit and jit.status()) then pending("LuaJIT's compiler is off") return end
+      local out, rc = shell.sh("luajit bench/host_path_loop.lua " .. path .. " 3000")
+      assert.equal(0, rc, out)
+      local n, others, compiled = out:match("(%d+) trace aborts %((%d+) other than a finaliser's%), loop compiled: (%a+)")
+      assert(n, "unexpected output: " .. out)
+      assert(tonumber(others) == 0, "aborts other than a finaliser's:\n" .. out)
+      assert.equal("yes", compiled, out)
+    end)
+  end
+end)
+
 -- On the GPU: a cached fused call followed by changed shapes, strides and masks; each result against
 -- the CPU backend, and the plan cache builds exactly once per new graph.
 describe("host path: cached fused call sees every change #gpu", function()
