@@ -16,20 +16,36 @@
  *                   and writes dQ * scale. Recomputing S and dP here costs two GEMMs (7 instead of 5)
  *                   but needs no dQ atomics and no transposed operand: the backward is deterministic.
  *
- * Variants (-D): AL_HEAD_DIM 64 | 128, AL_BF16, AL_MASK_KIND, AL_BOTTOM_RIGHT, AL_SM90_ROLE,
- * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS. Not here: d = 256, ALiBi,
- * score/mask hooks (the stage-1 backward serves those).
+ * Specialisations (-D): AL_HEAD_DIM 64 | 128, AL_BF16, AL_MASK_KIND, AL_BOTTOM_RIGHT, AL_SM90_ROLE,
+ * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS. Not here: d = 256, ALiBi.
+ * Variants (the hooks of kernels/flash_common.cuh, AL_VARIANT, AL_BLOCK_MASK; semantics exactly those of
+ * kernels/flash_bwd.cu): a variant build replaces steps 1-5 below, per slice of B90_VN stream columns, by
+ * one S + dP batch (both kept in f32), then per element the logit through score_mod (al_fl_logit2,
+ * clamped indices), P, the mask (lengths, band, mask_mod where the block is not full), dS = P (dP - D) in
+ * f32, AL_CAPTURE_GRAD (dK/dV kernel only, so it runs once per kept element, with grad = dS before
+ * score_grad and score = the raw scaled logit), AL_SCORE_MOD_GRAD, and then the slice's k-steps of the RS
+ * products. In the dK/dV kernel the accumulator is S^T: rows are keys, columns queries, so the hooks get
+ * q_idx = the column and kv_idx = the row, h = the tile's query head. Block masks: warp 0 first compacts
+ * the CTA's non-empty stream tiles into a shared-memory list (the dK/dV kernel walks its key block's
+ * COLUMN of the mask over the (query head, query tile) pairs, the dQ kernel its query block's ROW over
+ * the key tiles), which the producer and the consumers walk: 0 blocks are neither loaded nor computed,
+ * 2 blocks skip mask_mod. The host requires block_m % 64 == 0 and block_n % R == 0 (dK/dV) and
+ * block_m % R == 0 and block_n % 64 == 0 (dQ), so every tile lies in one block, and at most
+ * AL_SM90_BM_LIST stream tiles per CTA.
  * Kernel arguments: the al_flash_params and four TMA maps (src/cuda/flash_sm90_tma.h): own0, own1 (the
  * owned rows, boxes of R rows: K, V for role 0; Q, dO for role 1) and st0, st1 (the streamed tiles,
  * boxes of BN rows: Q, dO for role 0; K, V for role 1).
- * Shared memory (1024-byte aligned): own0 [D/64][R][64] | own1 | st0 [ST][D/64][BN][64] | st1 | mbarriers.
- * Status: written in a session without GPU time; opt-in (ATTNLAB_FLASH_SM90_BWD=1) until checked.
+ * Shared memory (1024-byte aligned): own0 [D/64][R][64] | own1 | st0 [ST][D/64][BN][64] | st1 | mbarriers |
+ * (block mask: the tile list, u16 [AL_SM90_BM_LIST], and its count).
+ * Status: the default backward on sm_90 (ATTNLAB_FLASH_SM90_BWD=0 switches it off). Variants: compiled
+ * with no spills (tests/c/test_nvrtc_kernels.c, test_flash_variant.c); on a GPU test_flash_variant compares
+ * them with a double-precision oracle and with the stage-1 backward.
  */
 #include "flash_common.cuh"
 #include "sm90_common.cuh"
 
-#if AL_ALIBI || AL_HAS_SCORE_MOD || AL_HAS_MASK_MOD || AL_HEAD_DIM > 128
-#error "flash_bwd_sm90.cu: d <= 128 without ALiBi or hooks (the stage-1 backward serves the rest)"
+#if AL_ALIBI || AL_HEAD_DIM > 128
+#error "flash_bwd_sm90.cu: d <= 128 without ALiBi (the stage-1 backward serves the rest)"
 #endif
 #ifndef AL_SM90_ROLE
 #define AL_SM90_ROLE 0
@@ -42,6 +58,9 @@
 #endif
 #ifndef AL_SM90_CONSUMERS
 #define AL_SM90_CONSUMERS 2
+#endif
+#if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
+#error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on stream tiles per CTA)"
 #endif
 
 namespace b90 {
@@ -72,16 +91,20 @@ struct al_sm90_bwd_tmaps {
     al_sm90_tmap own0, own1, st0, st1;
 };
 
-/* element-wise product of two packed 16-bit pairs, rounded once (sm_90: bf16x2 and f16x2 multiplies) */
+#if AL_BF16
+/* a packed bf16 pair back to two f32 (exact: bf16 is the top half of an f32) */
+AL_DEV void b90_unpack2(al_u32 v, float &lo, float &hi) {
+    lo = __uint_as_float(v << 16);
+    hi = __uint_as_float(v & 0xffff0000u);
+}
+#else
+/* element-wise product of two packed f16 pairs, rounded once */
 AL_DEV al_u32 b90_mul2(al_u32 a, al_u32 b) {
     al_u32 r;
-#if AL_BF16
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-#else
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-#endif
     return r;
 }
+#endif
 
 /* acc[64 x 64] = A (owned rows of this warpgroup, K-major) * B^T (streamed tile, K-major), over D */
 AL_DEV void b90_ss(float *acc, al_u32 own, al_u32 tile) {
@@ -94,12 +117,88 @@ AL_DEV void b90_ss(float *acc, al_u32 own, al_u32 tile) {
     }
 }
 
+/* acc[64 x D] += A (16-bit fragments of a 64 x BN accumulator) * tile (BN x D, MN-major), k-steps [k0, k1) */
+AL_DEV void b90_rs_part(float *acc, const al_u32 (*pa)[4], al_u32 tile, int k0, int k1) {
+    using namespace b90;
+#pragma unroll
+    for (int kk = k0; kk < k1; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_sw128(tile + kk * (16 * 128), BN * 128, 1024));
+}
+
 /* acc[64 x D] += A (16-bit fragments of a 64 x BN accumulator) * tile (BN x D, MN-major) */
 AL_DEV void b90_rs(float *acc, const al_u32 (*pa)[4], al_u32 tile) {
     using namespace b90;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_sw128(tile + kk * (16 * 128), BN * 128, 1024));
 }
+
+#if AL_VARIANT
+/* The variant path computes S and dP in f32 and runs the hooks on VN stream columns at a time, then adds
+ * those columns' k-steps of the RS products, so only one slice of S, dP and their 16-bit fragments is
+ * live next to the accumulators. VN = 32, except 16 in the dK/dV kernel at d = 128 with a mask_mod or a
+ * capture gradient: there its two 64-register accumulators leave too little room under the consumers' 224
+ * registers (VN = 32 spilled 4-200 bytes with those hooks in ptxas, 64 spilled with some hooks in the dQ
+ * kernel too). Figures: tests/c/test_nvrtc_kernels.c prints them, and checks 0 spills. */
+#ifndef B90_VN
+#if AL_SM90_ROLE == 0 && AL_HEAD_DIM > 64 && (AL_HAS_MASK_MOD || AL_HAS_CAPTURE_GRAD)
+#define B90_VN 16
+#else
+#define B90_VN 32
+#endif
+#endif
+
+/* D[64 x 32] (+)= A[64 x 16] (smem desc) * B[16 x 32] (smem desc); both K-major */
+AL_DEV void b90_wgmma_ss_n32(float *d, al_u64 da, al_u64 db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." AL_WG_T "." AL_WG_T " {%0, %1, %2, %3, %4, %5, %6, "
+                 "%7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+/* D[64 x 16] (+)= A[64 x 16] (smem desc) * B[16 x 16] (smem desc); both K-major */
+AL_DEV void b90_wgmma_ss_n16(float *d, al_u64 da, al_u64 db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." AL_WG_T "." AL_WG_T " {%0, %1, %2, %3, %4, %5, %6, "
+                 "%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+AL_DEV void b90_fence_regs_vn(float *d) {
+#pragma unroll
+    for (int i = 0; i < B90_VN / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* acc[64 x VN] = A (owned rows of this warpgroup, K-major) * B^T (rows [r0, r0 + VN) of the streamed tile;
+ * r0 a multiple of 8, so the slice starts on a 1024-byte swizzle atom) */
+AL_DEV void b90_ss_vn(float *acc, al_u32 own, al_u32 tile, int r0) {
+    using namespace b90;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const al_u64 da = al_desc_sw128(own + (ks >> 2) * (R * 128) + (ks & 3) * 32, 16, 1024);
+        const al_u64 db = al_desc_sw128(tile + (ks >> 2) * (BN * 128) + r0 * 128 + (ks & 3) * 32, 16, 1024);
+#if B90_VN == 16
+        b90_wgmma_ss_n16(acc, da, db, ks > 0);
+#elif B90_VN == 32
+        b90_wgmma_ss_n32(acc, da, db, ks > 0);
+#else
+        al_wgmma_ss_n64(acc, da, db, ks > 0);
+#endif
+    }
+}
+#endif
+
+/* With a block mask the loops walk a list of the CTA's non-empty stream tiles, compacted once per CTA into
+ * shared memory by warp 0 (entry = stream index << 2 | block kind: 1 partial, mask_mod per element; 2
+ * full, no mask_mod), as the forward does: a block-mask read in the loops would put a dependent global
+ * load on every iteration, empty tiles included, and registers on the 56-register producer. Without a
+ * block mask iteration j is stream tile j, every tile partial. */
+#if AL_BLOCK_MASK
+#define B90_TILE_OF(j) ((int)(bm_list[j] >> 2))
+#define B90_KIND_OF(j) ((int)(bm_list[j] & 3u))
+#else
+#define B90_TILE_OF(j) (j)
+#define B90_KIND_OF(j) 1
+#endif
 
 #if AL_SM90_ROLE == 0
 #define B90_NAME al_flash_bwd_sm90_dkdv
@@ -131,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
     const int t_lo = i_lo / BN;
     const int ntile = i_hi > i_lo ? (i_hi + BN - 1) / BN - t_lo : 0;
-    const int nstream = ntile * group;               /* (q head in group, query tile) pairs */
+    int nstream = ntile * group;                     /* (q head in group, query tile) pairs; block mask: listed */
 #else
     const int h = blockIdx.y, hk = h / group;
     const al_fl_seq s = al_fl_seq_make(p, b, h);
@@ -144,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     if (s.wr >= 0) n_hi = min(n_hi, own_last + s.diag + s.wr + 1);
 #endif
     const int t_lo = n_lo / BN;
-    const int nstream = n_hi > n_lo ? (n_hi + BN - 1) / BN - t_lo : 0;
+    int nstream = n_hi > n_lo ? (n_hi + BN - 1) / BN - t_lo : 0;   /* key tiles; block mask: listed */
 #endif
 
     const al_u32 base = (al_smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -162,7 +261,33 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         }
         al_mbar_init_fence();
     }
+#if AL_BLOCK_MASK
+    /* the list after the barriers (the host's smem size counts 2 AL_SM90_BM_LIST + 16 bytes for it; the host
+     * also keeps nstream <= AL_SM90_BM_LIST): warp 0 compacts the mask's column (role 0: key block own0
+     * against every (query head, query tile)) or row (role 1: query block own0 against every key tile),
+     * 32 tiles per ballot */
+    unsigned short *bm_list = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (1 + 2 * ST));
+    int *bm_count = (int *)(bm_list + AL_SM90_BM_LIST);
+    if (tid < 32) {
+        int cnt = 0;
+        for (int j0 = 0; j0 < nstream; j0 += 32) {
+            const int j = j0 + tid;
+#if AL_SM90_ROLE == 0
+            const int kind = j < nstream ? al_fl_block(p, b, hk * group + j / ntile, (t_lo + j % ntile) * BN, own0) : 0;
+#else
+            const int kind = j < nstream ? al_fl_block(p, b, h, own0, (t_lo + j) * BN) : 0;
+#endif
+            const unsigned keep = __ballot_sync(0xffffffffu, kind != 0);
+            if (kind != 0) bm_list[cnt + __popc(keep & ((1u << tid) - 1u))] = (unsigned short)((j << 2) | kind);
+            cnt += __popc(keep);
+        }
+        if (tid == 0) *bm_count = cnt;
+    }
     __syncthreads();
+    nstream = *bm_count;
+#else
+    __syncthreads();
+#endif
 
     if (wg == 0) {
         /* ---------------- producer: one warp ---------------- */
@@ -189,14 +314,14 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         for (int j = 0; j < nstream; j++) {
             const int stg = j % ST, ph = (j / ST) & 1;
 #if AL_SM90_ROLE == 0
-            const int hq = hk * group + j / ntile;                 /* the q head of this tile */
-            const int r0 = (t_lo + j % ntile) * BN;                /* its first query row */
+            const int hq = hk * group + B90_TILE_OF(j) / ntile;    /* the q head of this tile */
+            const int r0 = (t_lo + B90_TILE_OF(j) % ntile) * BN;   /* its first query row */
             const int len = s.q_len, b0 = p.q.sb ? b : 0, b1 = p.dout.sb ? b : 0, th = hq;
             const long long rs = q_start;
 #define B90_OP0 p.q
 #define B90_OP1 p.dout
 #else
-            const int r0 = (t_lo + j) * BN;                        /* first key row */
+            const int r0 = (t_lo + B90_TILE_OF(j)) * BN;           /* first key row */
             const int len = s.kv_len, b0 = p.k.sb ? b : 0, b1 = p.v.sb ? b : 0, th = hk;
             const long long rs = kv_start;
 #define B90_OP0 p.k
@@ -235,7 +360,9 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     const int g = lane >> 2, tq = lane & 3;
     const int rl = cw * 64 + wq * 16 + g;            /* this thread's owned rows: own0 + rl and + 8 */
     const al_u32 a0 = sO0 + cw * (64 * 128), a1 = sO1 + cw * (64 * 128);
+#if !AL_VARIANT
     const float sl2 = p.scale_log2;
+#endif
 
     float acc0[D / 2];                               /* role 0: dV; role 1: dQ */
 #pragma unroll
@@ -261,13 +388,126 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         const int stg = j % ST, ph = (j / ST) & 1;
         const al_u32 t0 = sS0 + stg * ST_BYTES, t1 = sS1 + stg * ST_BYTES;
 #if AL_SM90_ROLE == 0
-        const int hq = hk * group + j / ntile;
-        const int c0 = (t_lo + j % ntile) * BN;      /* first query column of the tile */
+        const int hq = hk * group + B90_TILE_OF(j) / ntile;
+        const int c0 = (t_lo + B90_TILE_OF(j) % ntile) * BN;   /* first query column of the tile */
         const long long lrow = ((long long)b * p.H + hq) * p.SQ;
 #else
-        const int c0 = (t_lo + j) * BN;              /* first key column */
+        const int c0 = (t_lo + B90_TILE_OF(j)) * BN;   /* first key column */
 #endif
         al_mbar_wait(BAR_F(stg), ph);
+#if AL_VARIANT
+        {
+            /* the hooks' view of this tile: role 0's rows are keys and its columns queries */
+#if AL_SM90_ROLE == 0
+            al_fl_seq sv = s;                        /* the hooks' h: this tile's query head */
+            sv.h = hq;
+            const int q_lo = c0, q_n = BN, k_lo = own0 + cw * 64, k_n = 64;   /* this warpgroup's box */
+#else
+            const al_fl_seq &sv = s;
+            const int q_lo = own0 + cw * 64, q_n = 64, k_lo = c0, k_n = BN;
+#endif
+            const int mod_on = B90_KIND_OF(j) == 1;  /* a full block (2) keeps what mask_mod keeps */
+            /* flash_bwd.cu's rule: per element only where mask_mod runs or the box crosses the lengths/band */
+            int need_mask = (AL_HAS_MASK_MOD && mod_on) || k_lo + k_n > sv.kv_len;
+#if AL_MASK_KIND != 0
+            if (sv.wr >= 0) need_mask |= k_lo + k_n - 1 > q_lo + sv.diag + sv.wr;
+            if (sv.wl >= 0) need_mask |= k_lo < q_lo + q_n - 1 + sv.diag - sv.wl;
+#endif
+            (void)q_lo;
+            (void)q_n;
+#if AL_SM90_ROLE == 0
+            al_u32 pa[BN / 16][4];                   /* P^T, for dV */
+#endif
+            al_u32 da[BN / 16][4];                   /* dS (dS^T), after score_grad */
+#pragma unroll
+            for (int h0 = 0; h0 < BN; h0 += B90_VN) {
+                /* V1. S (role 0: S^T = K Q^T) and dP (role 0: dP^T = V dO^T) of stream rows [h0, h0 + VN),
+                 * in one batch, both kept in f32 */
+                float sc[B90_VN / 2], dp[B90_VN / 2];
+                al_wg_fence();
+                b90_ss_vn(sc, a0, t0, h0);
+                b90_ss_vn(dp, a1, t1, h0);
+                al_wg_commit();
+                al_wg_wait<0>();
+                b90_fence_regs_vn(sc);
+                b90_fence_regs_vn(dp);
+
+                /* V2. per element, as flash_bwd.cu: element e of n8 tile t is (owned row own0 + rl + 8 (e >> 1),
+                 * column c0 + 8 t + 2 tq + (e & 1)); sc / dp hold the tiles t in [h0 / 8, (h0 + VN) / 8) */
+#pragma unroll
+                for (int t = h0 / 8; t < (h0 + B90_VN) / 8; t++) {
+                    const int tv = t - h0 / 8;
+#if AL_SM90_ROLE == 0
+                    float l2c[2], ddc[2], pv[4];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int i = c0 + t * 8 + tq * 2 + c;
+                        const int in = i < s.q_len;
+                        l2c[c] = in ? __ldg(p.lse2 + lrow + i) : AL_POS_INF;
+                        ddc[c] = in ? __ldg(p.dsum + lrow + i) : 0.0f;
+                    }
+#endif
+                    float dsv[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
+#if AL_SM90_ROLE == 0
+                        const int i = col, jk = orow;
+                        const float l2 = l2c[e & 1], dd = ddc[e & 1];
+#else
+                        const int i = orow, jk = col;
+                        const float l2 = lr[e >> 1], dd = dr[e >> 1];
+#endif
+                        const float raw = sc[tv * 4 + e];
+                        float pe = al_ex2(al_fl_logit2(sv, raw, p.scale, p.scale_log2, 0.0f, i, jk) - l2);
+#if AL_HAS_CAPTURE_GRAD && AL_SM90_ROLE == 0
+                        const int keep = (!need_mask || al_fl_valid(sv, i, jk, mod_on)) && i < sv.q_len;
+                        if (!keep) pe = 0.0f;
+#else
+                        if (need_mask && !al_fl_valid(sv, i, jk, mod_on)) pe = 0.0f;
+#endif
+                        float ds = pe * (dp[tv * 4 + e] - dd);
+#if AL_HAS_CAPTURE_GRAD && AL_SM90_ROLE == 0
+                        /* in this kernel only (the dQ kernel visits the same elements): once per kept element */
+                        if (keep) AL_CAPTURE_GRAD(ds, raw * p.scale, sv.b, sv.h, i, jk);
+#endif
+#if AL_HAS_SCORE_MOD
+                        ds = AL_SCORE_MOD_GRAD(ds, raw * p.scale, sv.b, sv.h, min(i, sv.q_len - 1),
+                                               min(jk, sv.kv_len - 1));
+#endif
+#if AL_SM90_ROLE == 0
+                        pv[e] = pe;
+#endif
+                        dsv[e] = ds;
+                    }
+#if AL_SM90_ROLE == 0
+                    pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pv[0], pv[1]);
+                    pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pv[2], pv[3]);
+#endif
+                    da[t >> 1][(t & 1) * 2 + 0] = al_pack2(dsv[0], dsv[1]);
+                    da[t >> 1][(t & 1) * 2 + 1] = al_pack2(dsv[2], dsv[3]);
+                }
+
+                /* V3. this slice's k-steps of role 0's dV += P^T dO and dK += dS^T Q, or role 1's dQ += dS K
+                 * (waited for here, so the slice's fragments die before the next slice's S and dP) */
+                al_wg_fence();
+#if AL_SM90_ROLE == 0
+                b90_rs_part(acc0, pa, t1, h0 / 16, (h0 + B90_VN) / 16);
+                b90_rs_part(acc1, da, t0, h0 / 16, (h0 + B90_VN) / 16);
+#else
+                b90_rs_part(acc0, da, t0, h0 / 16, (h0 + B90_VN) / 16);
+#endif
+                al_wg_commit();
+                al_wg_wait<0>();
+                AL_WG_FENCE_D(acc0);
+#if AL_SM90_ROLE == 0
+                AL_WG_FENCE_D(acc1);
+                al_wg_fence_u32<4 * (B90_VN / 16)>(&pa[h0 / 16][0]);
+#endif
+                al_wg_fence_u32<4 * (B90_VN / 16)>(&da[h0 / 16][0]);
+            }
+        }
+#else
         /* 1. S (role 0: S^T = K Q^T) */
         float sc[BN / 2];
         al_wg_fence();
@@ -325,8 +565,12 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         AL_WG_FENCE_D(acc0);
 #endif
 
-        /* 4. dS = P (dP - D) in 16-bit pairs: the packed P times the packed (dP - D) (the f32 P died in
-         * step 2 to save registers; dS is rounded to 16 bits for its product anyway) */
+        /* 4. dS = P (dP - D). The f32 P died in step 2 to save registers. bf16: in f32 from the packed
+         * P (it unpacks exactly), rounded to bf16 once; the first version's bf16 (dP - D) times bf16 P
+         * in a bf16 multiply rounded three times and put a dQ element of attention_flash_spec's window
+         * (12,0) + padding case 0.019 off, over TE's 0.015. f16 (8x finer rounding, within its 2.5e-3
+         * there) keeps the packed f16x2 multiply: unpacking f16 costs registers the d=128 dK/dV kernel
+         * does not have (it spilled 32-36 bytes). */
         al_u32 da[BN / 16][4];
 #pragma unroll
         for (int t = 0; t < BN / 8; t++)
@@ -337,8 +581,14 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #else
                 const float d0 = dr[h2], d1 = dr[h2];
 #endif
+#if AL_BF16
+                float p0, p1;
+                b90_unpack2(pa[t >> 1][(t & 1) * 2 + h2], p0, p1);
+                da[t >> 1][(t & 1) * 2 + h2] = al_pack2(p0 * (dp[t * 4 + 2 * h2] - d0), p1 * (dp[t * 4 + 2 * h2 + 1] - d1));
+#else
                 const al_u32 g2 = al_pack2(dp[t * 4 + 2 * h2] - d0, dp[t * 4 + 2 * h2 + 1] - d1);
                 da[t >> 1][(t & 1) * 2 + h2] = b90_mul2(pa[t >> 1][(t & 1) * 2 + h2], g2);
+#endif
             }
         al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
 
@@ -357,6 +607,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         AL_WG_FENCE_D(acc0);
 #endif
         al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
+#endif /* AL_VARIANT */
         if (lane == 0) al_mbar_arrive(BAR_E(stg));
     }
 

@@ -13,7 +13,8 @@
  *   (the forward's hooks; the host needs block_m % BM == 0 and block_n % BN == 0, so a tile lies in one
  *   block). score_mod turns each score into a log2-unit logit before the max (no folded-scale fast
  *   path); mask_mod masks every tile that is not a full (2) block; 0 blocks are neither loaded nor
- *   computed, the producer and the consumers skipping the same tiles.
+ *   computed: warp 0 first compacts the Q block's row of the block mask into a list of non-empty
+ *   tiles in shared memory (at most AL_SM90_BM_LIST), which the producer and the consumers walk.
  *   Not here (the host sends it to kernels/flash_fwd.cu): ALiBi.
  * Check / bench: tests/cuda/flash_sm90_check.cu (against the stage-1 kernel and a naive reference).
  *
@@ -38,7 +39,8 @@
  *   warpgroups, intra-warpgroup overlap of softmax(j) with the GEMMs of j+1, TMA stores of O,
  *   a persistent tile scheduler, cluster multicast of K/V.
  * Shared memory (from a 1024-byte aligned base): Q [D/64 boxes][BM][64] | K [STAGES][D/64][BN][64] |
- * V [STAGES][D/64][BN][64] | mbarriers. Rows past the tensor's extent come back as zeros from TMA.
+ * V [STAGES][D/64][BN][64] | mbarriers | (block mask: the tile list, u16 [AL_SM90_BM_LIST], and its
+ * count). Rows past the tensor's extent come back as zeros from TMA.
  */
 #include "flash_common.cuh"
 #include "sm90_common.cuh"
@@ -54,6 +56,9 @@
 #endif
 #ifndef AL_SM90_CONSUMERS
 #define AL_SM90_CONSUMERS 2
+#endif
+#if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
+#error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on key tiles per Q block)"
 #endif
 
 namespace f90 {
@@ -92,24 +97,18 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
 #define AL_WG_FENCE_O al_wg_fence_regs_n256
 #endif
 
-/* the ring slot counter: tiles actually loaded (it) with a block mask, else the tile index j itself
- * (identical values; j keeps the default build's code exactly as it was before variants came here) */
+/* With a block mask the loops walk a list of the Q block's non-empty key tiles, built once per CTA in
+ * shared memory (entry = tile index << 2 | block kind: 1 partial, mask_mod per element; 2 full, no
+ * mask_mod): reading the mask from global memory inside the loops put a dependent load on every
+ * iteration, empty tiles included, and cost ~30% of causal-through-mask_mod on the H200. Without a block
+ * mask iteration t is tile t, every tile partial (mask_mod, when there is one, runs everywhere). */
 #if AL_BLOCK_MASK
-#define F90_TILE it
+#define F90_TILE_OF(t) ((int)(bm_list[t] >> 2))
+#define F90_KIND_OF(t) ((int)(bm_list[t] & 3u))
 #else
-#define F90_TILE j
+#define F90_TILE_OF(t) (t)
+#define F90_KIND_OF(t) 1
 #endif
-
-/* the block-mask entry of a tile: 0 skip, 1 partial (mask_mod per element), 2 full (no mask_mod);
- * without a block mask every tile is partial: mask_mod, when there is one, runs everywhere */
-AL_DEV int f90_block(const al_flash_params &p, int b, int h, int m0, int n0) {
-#if AL_BLOCK_MASK
-    return al_fl_block(p, b, h, m0, n0);
-#else
-    (void)p; (void)b; (void)h; (void)m0; (void)n0;
-    return 1;
-#endif
-}
 
 /* dynamic shared memory: see al_flash_sm90_spec_tiles (src/cuda/flash_sm90_specs.h) */
 extern "C" __global__ void __launch_bounds__(f90::NT, 1)
@@ -137,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     if (s.wr >= 0) n_hi = min(s.kv_len, m_last + s.diag + s.wr + 1);
 #endif
     const int nb_lo = n_lo / BN;
-    const int nblk = n_hi > n_lo ? (n_hi + BN - 1) / BN - nb_lo : 0;
+    int nblk = n_hi > n_lo ? (n_hi + BN - 1) / BN - nb_lo : 0;   /* iterations: tiles, or listed tiles */
 
     const al_u32 base = (al_smem_addr(smem_raw) + 1023u) & ~1023u;
     const al_u32 sQ = base;
@@ -160,7 +159,26 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         }
         al_mbar_init_fence();
     }
+#if AL_BLOCK_MASK
+    /* the list after the barriers (the host's smem size counts 2 AL_SM90_BM_LIST + 16 bytes for it) */
+    unsigned short *bm_list = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (1 + 4 * ST));
+    int *bm_count = (int *)(bm_list + AL_SM90_BM_LIST);
+    if (tid < 32) {   /* warp 0 compacts the row of the block mask, 32 tiles per ballot */
+        int cnt = 0;
+        for (int j0 = 0; j0 < nblk; j0 += 32) {
+            const int j = j0 + tid;
+            const int kind = j < nblk ? al_fl_block(p, b, h, m0, (nb_lo + j) * BN) : 0;
+            const unsigned keep = __ballot_sync(0xffffffffu, kind != 0);
+            if (kind != 0) bm_list[cnt + __popc(keep & ((1u << tid) - 1u))] = (unsigned short)((j << 2) | kind);
+            cnt += __popc(keep);
+        }
+        if (tid == 0) *bm_count = cnt;
+    }
     __syncthreads();
+    nblk = *bm_count;
+#else
+    __syncthreads();
+#endif
 
     const long long q_start = p.q_start ? p.q_start[b] : 0;
     const long long kv_start = p.kv_start ? p.kv_start[b] : 0;
@@ -182,11 +200,9 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         }
         const al_u16 *gK = (const al_u16 *)p.k.ptr + b * p.k.sb + kv_start * p.k.st + (long long)hk * p.k.sh;
         const al_u16 *gV = (const al_u16 *)p.v.ptr + b * p.v.sb + kv_start * p.v.st + (long long)hk * p.v.sh;
-        for (int j = 0, it = 0; j < nblk; j++) {
-            const int n0 = (nb_lo + j) * BN;
-            if (AL_BLOCK_MASK && f90_block(p, b, h, m0, n0) == 0) continue;   /* the consumers skip it too */
-            const int stg = F90_TILE % ST, ph = (F90_TILE / ST) & 1;
-            it++;
+        for (int t = 0; t < nblk; t++) {
+            const int n0 = (nb_lo + F90_TILE_OF(t)) * BN;
+            const int stg = t % ST, ph = (t / ST) & 1;
             const int full = n0 + BN <= s.kv_len;
             const al_u32 kdst = sK + stg * KV_BYTES, vdst = sV + stg * KV_BYTES;
             al_mbar_wait(BAR_KE(stg), ph ^ 1);
@@ -234,12 +250,10 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
 
     if (nblk > 0) al_mbar_wait(bar_q, 0);
     const al_u32 qa = sQ + cw * (64 * 128);      /* this warpgroup's 64 rows inside each Q box */
-    for (int j = 0, it = 0; j < nblk; j++) {
-        const int n0 = (nb_lo + j) * BN;
-        const int blk = f90_block(p, b, h, m0, n0);
-        if (AL_BLOCK_MASK && blk == 0) continue;   /* not loaded by the producer either */
-        const int stg = F90_TILE % ST, ph = (F90_TILE / ST) & 1;
-        it++;
+    for (int j = 0; j < nblk; j++) {
+        const int n0 = (nb_lo + F90_TILE_OF(j)) * BN;
+        const int blk = F90_KIND_OF(j);
+        const int stg = j % ST, ph = (j / ST) & 1;
         const al_u32 kt = sK + stg * KV_BYTES, vt = sV + stg * KV_BYTES;
 
         /* S = Q K^T */

@@ -38,7 +38,9 @@ offset, grad * partial)) is taken symbolically from the same tree (grad = dL/d(n
 
 Code generation. CUDA: one C expression per hook (kernels/flash_common.cuh's contract: b, h, q_idx,
 kv_idx 0-based ints, so the Lua index h is (h + 1) and folds away in offsets); ints stay ints, / is
-always float division, math is expf/logf/tanhf/sqrtf/fabsf/fminf/fmaxf. Captures are passed to C as
+always float division (by a constant: times its reciprocal; else __fdividef, 2 ulp), math is
+expf/logf/sqrtf/fabsf/fminf/fmaxf and a fast tanh (bf16 kernels: tanh.approx.f32, relative error
+2^-11; f16 kernels: exp2 + reciprocal, absolute error < 1e-6). Captures are passed to C as
 contiguous copies on q's device, f32 for float dtypes and i32 for integer dtypes (no copy when the
 tensor already is one), read as ((const float *)AL_CAP(k))[offset] with the strides as constants:
 changing a captured tensor's values never recompiles, changing its shape does. Capture gradients are
@@ -708,7 +710,10 @@ end
 local CUDA_VARS = { score = "score", grad = "grad", b = "b", h = "h", q = "q_idx", kv = "kv_idx" }
 local C_CMP = { lt = "<", le = "<=", gt = ">", ge = ">=", eq = "==", ne = "!=" }
 local C_ARITH = { add = "+", sub = "-", mul = "*" }
-local C_FN = { exp = "expf", log = "logf", tanh = "tanhf", sqrt = "sqrtf" }
+-- tanh is al_v_tanh (the prelude): libdevice's tanhf costs ~20 instructions and two MUFU ops per score,
+-- which made soft-capping 3.4x the plain forward on the H200; al_v_tanh is exp2 + reciprocal, absolute
+-- error < 1e-6 (what a logit needs: softmax sees absolute, not relative, errors)
+local C_FN = { exp = "expf", log = "logf", tanh = "al_v_tanh", sqrt = "sqrtf" }
 
 -- offset node of a load (0-based, from the Lua 1-based indices) for given strides
 local function offset_node(idx, strides)
@@ -739,7 +744,13 @@ local function gen_cuda(root, caps, uses)
       return "(" .. E(n.args[1]) .. " " .. C_ARITH[op] .. " " .. E(n.args[2]) .. ")"
     elseif op == "neg" then return "(-" .. E(n.args[1]) .. ")"
     elseif op == "div" then
-      return "(" .. EF(n.args[1]) .. " / " .. EF(n.args[2]) .. ")"
+      -- by a constant: times its reciprocal (one FMUL, <= 1.5 ulp); otherwise __fdividef (2 ulp, no
+      -- slow path). IEEE division is ~10 instructions with a branch, per score element.
+      local c = cval(n.args[2])
+      if c and c ~= 0 and c == c and c ~= huge and c ~= -huge then
+        return "(" .. EF(n.args[1]) .. " * " .. cuda_float(1 / c) .. ")"
+      end
+      return "__fdividef(" .. EF(n.args[1]) .. ", " .. EF(n.args[2]) .. ")"
     elseif op == "pow" then return "powf(" .. EF(n.args[1]) .. ", " .. cuda_float(tonumber(n.x)) .. ")"
     elseif op == "mod" then
       uses.mod = true
@@ -753,7 +764,9 @@ local function gen_cuda(root, caps, uses)
       local sa, sb = E(a), E(b)
       if n.t == "f" then sa, sb = EF(a), EF(b) end
       return "(" .. E(n.args[1]) .. " ? " .. sa .. " : " .. sb .. ")"
-    elseif C_FN[op] then return C_FN[op] .. "(" .. EF(n.args[1]) .. ")"
+    elseif C_FN[op] then
+      if op == "tanh" then uses.tanh = true end
+      return C_FN[op] .. "(" .. EF(n.args[1]) .. ")"
     elseif op == "abs" then
       if n.t == "f" then return "fabsf(" .. E(n.args[1]) .. ")" end
       uses.iabs = true
@@ -779,6 +792,19 @@ local function cuda_prelude(uses)
     p[#p + 1] = "static __device__ __forceinline__ float al_v_fmod(float a, float m) { return a - floorf(a / m) * m; }"
   end
   if uses.iabs then p[#p + 1] = "static __device__ __forceinline__ int al_v_iabs(int a) { return a < 0 ? -a : a; }" end
+  if uses.tanh then
+    -- bf16 kernels: the hardware tanh (tanh.approx.f32, one MUFU op, relative error 2^-11, below the 2^-9
+    -- of P's own bf16 rounding; what FlashAttention's soft-capping uses). f16 kernels (P rounded at
+    -- 2^-12): tanh |x| = 1 - 2 / (e^2|x| + 1) with __expf (ex2.approx; inf past |x| ~ 44, giving 1) and
+    -- __fdividef (rcp.approx), absolute error < 1e-6. AL_BF16 is a -D option, so the prelude sees it.
+    p[#p + 1] = "static __device__ __forceinline__ float al_v_tanh(float x) {\n" ..
+      "#if defined(AL_BF16) && AL_BF16\n" ..
+      "  float y; asm(\"tanh.approx.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x)); return y;\n" ..
+      "#else\n" ..
+      "  const float e = __expf(2.0f * fabsf(x)); return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);\n" ..
+      "#endif\n" ..
+      "}"
+  end
   if uses.iminmax then
     p[#p + 1] = "static __device__ __forceinline__ int al_v_imin(int a, int b) { return a < b ? a : b; }"
     p[#p + 1] = "static __device__ __forceinline__ int al_v_imax(int a, int b) { return a > b ? a : b; }"
@@ -983,7 +1009,7 @@ function Variant:__tostring()
   local s = self:source()
   local parts = { "attention variant" }
   for _, k in ipairs({ "score_mod", "score_grad", "mask_mod", "capture_grad", "prelude" }) do
-    if s[k] then parts[#parts + 1] = string.format("  %-12s %s", k, (s[k]:gsub("\n", "\n               "))) end
+    if s[k] then parts[#parts + 1] = string.format("  %-12s %s", k, ((s[k]:gsub("%s+$", "")):gsub("\n", "\n               "))) end
   end
   for _, rec in ipairs(self.captures) do
     parts[#parts + 1] = string.format("  capture %d    %s %s%s", rec.k + 1, rec.tensor:dtype(), rec.shape_str,

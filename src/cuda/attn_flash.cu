@@ -23,7 +23,7 @@
  * Variants (al_attn_inputs.variant: score_mod / mask_mod snippets, captures, a block mask): the
  * snippets become hook macros prepended to the kernel source (flash_specs.h, contract in
  * kernels/flash_common.cuh), compiled per (kernel family, spec, variant hash, block-mask flag) and kept
- * in an LRU of 64 loaded modules (below), which the Hopper forward's variants share
+ * in an LRU of 64 loaded modules (below), which the Hopper forward's and backward's variants share
  * (al_flash_variant_function, attn_flash_sm90.cu); block_m / block_n must be multiples of 64.
  *
  * al_flash_info(buf, n) (exported, like al_fused_info): the NVRTC/cache counters and the log of
@@ -115,7 +115,8 @@ static al_flash_spec spec_of(const al_attn_plan *pl, int kind) {
 }
 
 /* The NVRTC identity of a specialisation: file, -D options, function names, label. sm90 = 1: the
- * Hopper forward (flash_sm90_specs.h), else the stage-1 kernels (flash_specs.h). */
+ * Hopper forward, 2 / 3: the Hopper backward's dK/dV / dQ kernel (flash_sm90_specs.h), else the
+ * stage-1 kernels (flash_specs.h). */
 typedef struct fl_build {
     const char *file;
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
@@ -127,7 +128,13 @@ typedef struct fl_build {
 } fl_build;
 
 static void build_of(const al_flash_spec *s, int sm90, fl_build *b) {
-    if (sm90) {
+    if (sm90 >= 2) {
+        b->file = al_flash_sm90_bwd_file();
+        b->nopts = al_flash_sm90_bwd_options(s, sm90 - 2, b->opts);
+        b->names[0] = al_flash_sm90_bwd_function(sm90 - 2);
+        b->nfns = 1;
+        al_flash_sm90_bwd_name(s, sm90 - 2, b->label, sizeof b->label);
+    } else if (sm90) {
         b->file = al_flash_sm90_spec_file();
         b->nopts = al_flash_sm90_spec_options(s, b->opts);
         b->names[0] = al_flash_sm90_function();
@@ -158,7 +165,7 @@ static void nvrtc_drop(int32_t dev, const al_flash_spec *s, int sm90, const char
 }
 
 /* ---- variant specialisations: an LRU of loaded modules ---------------------------------------------
- * Key: (device, kernel family: stage-1 or the sm90 forward, spec) where the spec carries the variant's 128-bit source hash and the block-mask flag
+ * Key: (device, kernel family: stage-1, the sm90 forward or one sm90 backward kernel, spec) where the spec carries the variant's 128-bit source hash and the block-mask flag
  * (al_flash_spec_set_variant hashes the five snippet strings on every call: FNV-1a over a few hundred
  * bytes, well under a microsecond, so the caller needs no stable key of its own). A hit costs that
  * hash plus a scan of FL_VCACHE entries; a miss builds the source and goes through nvrtc_cache (disk
@@ -170,7 +177,7 @@ static void nvrtc_drop(int32_t dev, const al_flash_spec *s, int sm90, const char
 typedef struct fl_ventry {
     int used;
     int32_t dev;
-    int sm90;                  /* the Hopper forward's module (kernels/flash_fwd_sm90.cu) */
+    int sm90;                  /* kernel family: 0 stage 1, 1 the Hopper forward, 2 / 3 the Hopper backward's kernels */
     al_flash_spec spec;
     char *prefix;              /* the generated source (needed again to unload) */
     CUfunction fns[4];
@@ -193,7 +200,9 @@ static al_status variant_functions(int32_t dev, const al_flash_spec *s, int sm90
             return AL_OK;
         }
     char *prefix = al_flash_variant_source(v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
-                                           sm90 ? al_flash_sm90_spec_file() : al_flash_spec_file(s));
+                                           sm90 >= 2 ? al_flash_sm90_bwd_file()
+                                           : sm90    ? al_flash_sm90_spec_file()
+                                                     : al_flash_spec_file(s));
     if (!prefix) return al_error(AL_ERR_OOM, "out of host memory for a variant's source");
     al_status st = nvrtc_functions(dev, s, sm90, prefix, fns, nfns);
     if (st != AL_OK) {

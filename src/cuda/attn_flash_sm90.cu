@@ -73,6 +73,12 @@ int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
     if (var && var->block_mask) {
         const al_flash_spec spec = sm90_spec(pl);
         const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(&spec);
+        if ((p->skv + tl.bn - 1) / tl.bn > AL_FLASH_SM90_BM_LIST) {
+            if (why && n)
+                snprintf(why, n, "block_mask with s_kv = %lld: the sm_90 forward lists at most %d key tiles of %d (stage-1 kernel)",
+                         (long long)p->skv, (int)AL_FLASH_SM90_BM_LIST, tl.bn);
+            return 0;
+        }
         if (var->block_m % tl.bm != 0 || var->block_n % tl.bn != 0) {
             if (why && n)
                 snprintf(why, n, "block_mask blocks of %lld x %lld: the sm_90 forward's tiles are %d x %d (stage-1 kernel)",
@@ -139,6 +145,37 @@ static int sm90_bwd_on(void) {
     return !(e && strcmp(e, "0") == 0);
 }
 
+/* A block mask on the sm90 backward: every tile of each kernel must lie inside one block (the dK/dV kernel's
+ * tiles are bn queries x bm keys: it walks a key block's column; the dQ kernel's bm queries x bn keys: a
+ * query block's row), and each CTA's stream must fit its shared-memory list of non-empty tiles. */
+static int sm90_bwd_blocks_ok(const al_attn_plan *pl, const al_attn_variant *var, char *why, size_t n) {
+    const al_attn_params *p = &pl->p;
+    al_flash_spec spec = sm90_spec(pl);
+    spec.kind = AL_FLASH_BWD;
+    const al_flash_sm90_tiles tl = al_flash_sm90_bwd_tiles(&spec);
+    static const char *kernel[2] = {"dK/dV", "dQ"};
+    const long long stream[2] = {(p->sq + tl.bn - 1) / tl.bn * (p->h / (p->hg > 0 ? p->hg : 1)), (p->skv + tl.bn - 1) / tl.bn};
+    for (int role = 0; role < 2; role++) {
+        if (stream[role] > AL_FLASH_SM90_BWD_BM_LIST) {
+            if (why && n)
+                snprintf(why, n, "block_mask with %lld stream tiles per CTA (%s): the sm_90 backward's %s kernel lists at "
+                         "most %d (stage-1 kernels)", stream[role],
+                         role ? "ceil(s_kv / 64)" : "ceil(sq / 64) x the GQA group", kernel[role],
+                         (int)AL_FLASH_SM90_BWD_BM_LIST);
+            return 0;
+        }
+        const int tm = role ? tl.bm : tl.bn, tn = role ? tl.bn : tl.bm;   /* query rows x key columns */
+        if (var->block_m % tm != 0 || var->block_n % tn != 0) {
+            if (why && n)
+                snprintf(why, n, "block_mask blocks of %lld x %lld: the sm_90 backward's %s kernel needs multiples of "
+                         "%d x %d (stage-1 kernels)", (long long)var->block_m, (long long)var->block_n, kernel[role], tm,
+                         tn);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n) {
     const al_attn_params *p = &pl->p;
     if (!sm90_bwd_on()) { why_set(why, n, "the sm_90 backward is switched off by ATTNLAB_FLASH_SM90_BWD=0"); return 0; }
@@ -153,7 +190,8 @@ int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n) {
     if (pl->in.q->dtype != AL_DTYPE_BF16 && pl->in.q->dtype != AL_DTYPE_F16) { why_set(why, n, "dtype"); return 0; }
     if (p->d_qk != p->d_v || (p->d_qk != 64 && p->d_qk != 128)) { why_set(why, n, "head dim (64 or 128)"); return 0; }
     if (p->bias_type == AL_ATTN_BIAS_ALIBI || pl->alibi) { why_set(why, n, "ALiBi (stage-1 kernel)"); return 0; }
-    if (pl->in.variant) { why_set(why, n, "score_mod / mask_mod variant (stage-1 kernel)"); return 0; }
+    const al_attn_variant *var = pl->in.variant;
+    if (var && var->block_mask && !sm90_bwd_blocks_ok(pl, var, why, n)) return 0;
     if (!(p->softmax_scale > 0.0)) { why_set(why, n, "softmax_scale <= 0"); return 0; }
     return 1;
 }
@@ -183,9 +221,11 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
         const char *optp[AL_FLASH_MAX_OPTS];
         for (int i = 0; i < nopts; i++) optp[i] = opts[i];
         const char *name = al_flash_sm90_bwd_function(role);
-        char label[96];
+        char label[128];
         al_flash_sm90_bwd_name(&spec, role, label, sizeof label);
-        AL_TRY(al_nvrtc_get(dev, al_flash_sm90_bwd_file(), NULL, optp, nopts, &name, 1, label, &fn[role]));
+        /* variants: attn_flash.cu's LRU of variant modules, family 2 + role (fl_backward holds its lock) */
+        if (pl->in.variant) AL_TRY(al_flash_variant_function(dev, &spec, pl->in.variant, 2 + role, &fn[role]));
+        else AL_TRY(al_nvrtc_get(dev, al_flash_sm90_bwd_file(), NULL, optp, nopts, &name, 1, label, &fn[role]));
     }
     /* role 0: (key blocks, kv heads, batch); role 1: (query blocks, heads, batch) */
     const unsigned gx[2] = {(unsigned)((p->skv + tl.bm - 1) / tl.bm), (unsigned)((p->sq + tl.bm - 1) / tl.bm)};

@@ -23,7 +23,8 @@ extern "C" {
 AL_CU_HIDDEN int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n);
 
 /* A variant specialisation's function through attn_flash.cu's LRU of variant modules (sm90 = 1: the
- * Hopper forward's file and options). The caller holds that LRU's lock (attn_flash.cu's forward does). */
+ * Hopper forward's file and options; 2 / 3: the Hopper backward's dK/dV / dQ kernel). The caller holds
+ * that LRU's lock (attn_flash.cu's forward and backward do). */
 AL_CU_HIDDEN al_status al_flash_variant_function(int32_t dev, const struct al_flash_spec *s, const al_attn_variant *v,
                                                  int sm90, CUfunction *fn);
 
@@ -34,9 +35,11 @@ AL_CU_HIDDEN al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl
                                              cudaStream_t s, int *done);
 
 /* The Hopper backward (kernels/flash_bwd_sm90.cu), on by default (ATTNLAB_FLASH_SM90_BWD=0 turns it off):
- * serves sm_90, f16/bf16, d_qk == d_v in {64, 128}, no ALiBi, no variant, softmax_scale > 0, strides
- * TMA takes. al_flash_sm90_backward runs after the stage-1 pre kernel (prm.lse2 / prm.dsum ready) and
- * writes dq, dk, dv (dq directly: no accumulator pass); *done = 0 when it does not apply. */
+ * serves sm_90, f16/bf16, d_qk == d_v in {64, 128}, no ALiBi, softmax_scale > 0, strides TMA takes;
+ * variants too (capture gradients added by its dK/dV kernel only), with block masks whose blocks are
+ * multiples of 128 x 128 and at most AL_FLASH_SM90_BWD_BM_LIST stream tiles per CTA.
+ * al_flash_sm90_backward runs after the stage-1 pre kernel (prm.lse2 / prm.dsum ready) and writes dq, dk,
+ * dv (dq directly: no accumulator pass); *done = 0 when it does not apply. */
 AL_CU_HIDDEN int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n);
 AL_CU_HIDDEN al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm,
                                               cudaStream_t s, int *done);

@@ -16,6 +16,10 @@
 
 #include "cuda/flash_specs.h"
 
+/* With a block mask the forward lists a Q block's non-empty key tiles in shared memory: at most this
+ * many (s_kv <= 131072 at 128-key tiles, 65536 at d = 256); longer rows go to the stage-1 kernel. */
+enum { AL_FLASH_SM90_BM_LIST = 1024 };
+
 typedef struct al_flash_sm90_tiles {
     int bm, bn;          /* query rows per CTA (64 per consumer warpgroup), key rows per K/V tile */
     int stages;          /* K/V shared-memory stages */
@@ -33,6 +37,7 @@ static inline al_flash_sm90_tiles al_flash_sm90_spec_tiles(const al_flash_spec *
     t.stages = s->d == 64 ? 3 : 2;
     t.threads = 128 * (1 + t.consumers);
     t.smem = t.bm * s->d * 2 + 2 * t.stages * t.bn * s->d * 2 + 1024 + 1024;
+    if (s->variant && s->block_mask) t.smem += 2 * AL_FLASH_SM90_BM_LIST + 16;   /* the non-empty tile list */
     return t;
 }
 
@@ -51,6 +56,7 @@ static inline int al_flash_sm90_spec_options(const al_flash_spec *s, char opts[A
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_STAGES=%d", t.stages);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);
     if (s->variant) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BLOCK_MASK=%d", s->block_mask ? 1 : 0);
+    if (s->variant && s->block_mask) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_LIST=%d", AL_FLASH_SM90_BM_LIST);
     return n;
 }
 
@@ -81,7 +87,13 @@ static inline void al_flash_sm90_spec_at(int i, al_flash_spec *s) {
 
 /* ---- the Hopper backward (kernels/flash_bwd_sm90.cu): two kernels, role 0 = dK/dV (a CTA owns bm key
  * rows and streams query tiles), role 1 = dQ (a CTA owns bm query rows and streams key tiles). d 64 / 128,
- * no ALiBi, no variants. Opt-in (ATTNLAB_FLASH_SM90_BWD=1) until checked on a GPU. */
+ * no ALiBi; variants (al_flash_spec_set_variant) with their source and -DAL_BLOCK_MASK, block masks in
+ * multiples of bm x bm (role 0's tiles are bn queries x bm keys, role 1's bm queries x bn keys). On by
+ * default; ATTNLAB_FLASH_SM90_BWD=0 turns it off. */
+/* With a block mask each CTA lists its non-empty stream tiles in shared memory: at most this many (role 0:
+ * ceil(sq / 64) query tiles x the GQA group; role 1: ceil(s_kv / 64) key tiles); more go to stage 1. */
+enum { AL_FLASH_SM90_BWD_BM_LIST = 4096 };
+
 static inline al_flash_sm90_tiles al_flash_sm90_bwd_tiles(const al_flash_spec *s) {
     al_flash_sm90_tiles t;
     t.consumers = 2;
@@ -90,6 +102,7 @@ static inline al_flash_sm90_tiles al_flash_sm90_bwd_tiles(const al_flash_spec *s
     t.stages = s->d == 64 ? 3 : 2;
     t.threads = 128 * (1 + t.consumers);
     t.smem = 2 * t.bm * s->d * 2 + 2 * t.stages * t.bn * s->d * 2 + 1024 + 1024;
+    if (s->variant && s->block_mask) t.smem += 2 * AL_FLASH_SM90_BWD_BM_LIST + 16;   /* the non-empty tile list */
     return t;
 }
 static inline const char *al_flash_sm90_bwd_file(void) { return "flash_bwd_sm90.cu"; }
@@ -108,13 +121,17 @@ static inline int al_flash_sm90_bwd_options(const al_flash_spec *s, int role,
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BN=%d", t.bn);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_STAGES=%d", t.stages);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);
+    if (s->variant) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BLOCK_MASK=%d", s->block_mask ? 1 : 0);
+    if (s->variant && s->block_mask) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_LIST=%d", AL_FLASH_SM90_BWD_BM_LIST);
     return n;
 }
-/* "bwd-sm90-dkdv d128 bf16 causal-br" */
+/* "bwd-sm90-dkdv d128 bf16 causal-br", "bwd-sm90-dq d128 bf16 nomask variant 0123456789abcdef blockmask" */
 static inline void al_flash_sm90_bwd_name(const al_flash_spec *s, int role, char *buf, size_t n) {
     static const char *masks[] = {"nomask", "causal", "window"};
-    snprintf(buf, n, "bwd-sm90-%s d%d %s %s%s", role ? "dq" : "dkdv", s->d, s->bf16 ? "bf16" : "f16", masks[s->mask],
-             s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
+    int u = snprintf(buf, n, "bwd-sm90-%s d%d %s %s%s", role ? "dq" : "dkdv", s->d, s->bf16 ? "bf16" : "f16",
+                     masks[s->mask], s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
+    if (s->variant && u > 0 && (size_t)u < n)
+        snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }
 /* Every shipped (specialisation, role), i in [0, al_flash_sm90_bwd_count()): d 64/128 x bf16/f16 x 5 masks x 2 roles */
 static inline int al_flash_sm90_bwd_count(void) { return 2 * 2 * 5 * 2; }

@@ -12,8 +12,11 @@
  * libnvrtc is loaded with dlopen ($ATTNLAB_NVRTC_LIB, libnvrtc.so.13, libnvrtc.so, $CUDA_HOME/lib64,
  * /usr/local/cuda/lib64); without it the suite reports itself skipped, with the reason.
  * The Hopper forward (kernels/flash_fwd_sm90.cu, its 30 specialisations from src/cuda/flash_sm90_specs.h)
- * and the Hopper backward (kernels/flash_bwd_sm90.cu: 20 specialisations x its two kernels, opt-in at
- * run time) are compiled for sm_90a too, and must not spill at all.
+ * and the Hopper backward (kernels/flash_bwd_sm90.cu: 20 specialisations x its two kernels, the default
+ * backward on sm_90) are compiled for sm_90a too, and must not spill at all.
+ * Representative variant specialisations of the Hopper backward (score_mod + score_grad soft-capping,
+ * mask_mod + block mask, a capture-read score_mod with its capture gradient, all hooks at once; both
+ * kernels each, the hooks written as variants.lua writes them) are compiled too, and must not spill.
  * Kernel folder: $ATTNLAB_KERNEL_DIR, else ./kernels (make test runs from the repository root).
  * Specialisations compile in parallel (OpenMP threads; OMP_NUM_THREADS caps them);
  * ATTNLAB_NVRTC_TEST_ONLY="fwd d128" keeps the specialisations whose name contains the text.
@@ -32,6 +35,28 @@ static char *g_src[4];      /* flash_fwd.cu, flash_bwd.cu, flash_fwd_sm90.cu, fl
 enum { FAM_STAGE1 = 0, FAM_SM90_FWD = 1, FAM_SM90_BWD_DKDV = 2, FAM_SM90_BWD_DQ = 3 };
 
 typedef nvrtc_result result;
+
+/* Variant specialisations of the Hopper backward compiled here: (what, score_mod, score_grad, mask_mod,
+ * capture_grad, d, mask kind, block mask), each for both kernels. Captures: 0 = i32 document ids
+ * [2, 4096], 1 = f32 relative bias [16, 8191]. */
+typedef struct bwd_variant {
+    const char *what, *score, *grad, *mask, *capg;
+    int d, mask_kind, block_mask;
+} bwd_variant;
+#define BV_SOFTCAP "30.0f * tanhf(score * (1.0f / 30.0f))"
+#define BV_SOFTCAP_GRAD "grad * (1.0f - tanhf(score * (1.0f / 30.0f)) * tanhf(score * (1.0f / 30.0f)))"
+#define BV_DOC "((const int *)AL_CAP(0))[b * 4096 + q_idx] == ((const int *)AL_CAP(0))[b * 4096 + kv_idx]"
+#define BV_REL "score + ((const float *)AL_CAP(1))[h * 8191 + (kv_idx - q_idx + 4095)]"
+#define BV_REL_CAPG "atomicAdd(AL_CAP_GRAD(1) + h * 8191 + (kv_idx - q_idx + 4095), grad)"
+static const bwd_variant g_bwd_variants[] = {
+    {"softcap score_mod + score_grad", BV_SOFTCAP, BV_SOFTCAP_GRAD, NULL, NULL, 128, AL_FLASH_MASK_CAUSAL, 0},
+    {"softcap score_mod + score_grad", BV_SOFTCAP, BV_SOFTCAP_GRAD, NULL, NULL, 64, AL_FLASH_MASK_NONE, 0},
+    {"document mask_mod + block mask", NULL, NULL, BV_DOC, NULL, 128, AL_FLASH_MASK_NONE, 1},
+    {"relative bias + capture grad", BV_REL, NULL, NULL, BV_REL_CAPG, 128, AL_FLASH_MASK_NONE, 0},
+    {"every hook + block mask", BV_SOFTCAP " + ((const float *)AL_CAP(1))[h * 8191 + (kv_idx - q_idx + 4095)]",
+     BV_SOFTCAP_GRAD, BV_DOC, BV_REL_CAPG, 128, AL_FLASH_MASK_CAUSAL, 1},
+};
+#define N_BWD_VARIANTS ((int)(sizeof g_bwd_variants / sizeof g_bwd_variants[0]))
 
 /* the kernel names a specialisation's module must hold */
 static int job_functions(const al_flash_spec *s, int fam, const char **names) {
@@ -52,7 +77,8 @@ static void job_name(const al_flash_spec *s, int fam, char *buf, size_t n) {
     else al_flash_spec_name(s, buf, n);
 }
 
-static void compile_one(const al_flash_spec *s, const char *arch, int fam, result *r) {
+/* prefix: a variant's generated source (compiled as nvrtc_cache.cu does: prefix, a newline, the file), or NULL */
+static void compile_one(const al_flash_spec *s, const char *arch, int fam, const char *prefix, result *r) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
     const char *o[AL_FLASH_MAX_OPTS];
     int n = fam == FAM_SM90_FWD ? al_flash_sm90_spec_options(s, opts)
@@ -64,7 +90,18 @@ static void compile_one(const al_flash_spec *s, const char *arch, int fam, resul
     const char *src = fam == FAM_SM90_FWD ? g_src[2] : fam >= FAM_SM90_BWD_DKDV ? g_src[3] : g_src[s->kind];
     const char *file = fam == FAM_SM90_FWD ? al_flash_sm90_spec_file()
                      : fam >= FAM_SM90_BWD_DKDV ? al_flash_sm90_bwd_file() : al_flash_spec_file(s);
-    nvrtc_compile_source(&nv, src, file, arch, g_kdir, o, n, names, nf, r);
+    char *full = NULL;
+    if (prefix) {
+        full = malloc(strlen(prefix) + strlen(src) + 2);
+        if (!full) {
+            memset(r, 0, sizeof *r);
+            snprintf(r->msg, sizeof r->msg, "out of host memory");
+            return;
+        }
+        sprintf(full, "%s\n%s", prefix, src);
+    }
+    nvrtc_compile_source(&nv, full ? full : src, file, arch, g_kdir, o, n, names, nf, r);
+    free(full);
 }
 
 int main(void) {
@@ -96,11 +133,14 @@ int main(void) {
     t_passed++;
 
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
-    const int nspec = al_flash_spec_count(), n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count();
+    const int nspec = al_flash_spec_count(),
+              n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS;
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
     const char **archs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *archs);
     int *sm90 = calloc((size_t)(nspec * 2 + n_sm90), sizeof *sm90);
+    char **prefix = calloc((size_t)(nspec * 2 + n_sm90), sizeof *prefix);   /* variant sources, NULL = none */
+    const char **what = calloc((size_t)(nspec * 2 + n_sm90), sizeof *what);
     const char *only = getenv("ATTNLAB_NVRTC_TEST_ONLY");   /* a name substring, e.g. "fwd d128 bf16" */
     char nm[96];
     for (int i = 0; i < nspec; i++) {
@@ -134,6 +174,23 @@ int main(void) {
         sm90[njobs] = FAM_SM90_BWD_DKDV + role;
         archs[njobs++] = "sm_90a";
     }
+    for (int i = 0; i < N_BWD_VARIANTS; i++)
+        for (int role = 0; role < 2; role++) {
+            const bwd_variant *v = &g_bwd_variants[i];
+            al_flash_spec *sp = &specs[njobs];
+            memset(sp, 0, sizeof *sp);
+            sp->kind = AL_FLASH_BWD;
+            sp->d = v->d;
+            sp->bf16 = 1;
+            sp->mask = v->mask_kind;
+            al_flash_spec_set_variant(sp, v->score, v->grad, v->mask, v->capg, NULL, v->block_mask);
+            al_flash_sm90_bwd_name(sp, role, nm, sizeof nm);
+            if (only && *only && !strstr(nm, only)) continue;
+            prefix[njobs] = al_flash_variant_source(v->score, v->grad, v->mask, v->capg, NULL, al_flash_sm90_bwd_file());
+            what[njobs] = v->what;
+            sm90[njobs] = FAM_SM90_BWD_DKDV + role;
+            archs[njobs++] = "sm_90a";
+        }
     result *res = calloc((size_t)njobs, sizeof *res);
     int n90 = 0, nh = 0;
     for (int j = 0; j < njobs; j++) n90 += strcmp(archs[j], "sm_90a") == 0 && !sm90[j], nh += sm90[j] != 0;
@@ -142,7 +199,7 @@ int main(void) {
     fflush(stdout);
     double t0 = test_now_ms();
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < njobs; j++) compile_one(&specs[j], archs[j], sm90[j], &res[j]);
+    for (int j = 0; j < njobs; j++) compile_one(&specs[j], archs[j], sm90[j], prefix[j], &res[j]);
     double total = test_now_ms() - t0;
 
     for (int j = 0; j < njobs; j++) {
@@ -159,6 +216,7 @@ int main(void) {
             int nf = job_functions(&specs[j], sm90[j], names);
             printf("  %-32s %-6s %6.0f ms", name, archs[j], r->ms);
             for (int i = 0; i < nf; i++) printf("  %s: %d regs, %d B spill", names[i], r->regs[i], r->spill[i]);
+            if (what[j]) printf("  (%s)", what[j]);
             printf("\n");
             /* d <= 128 forward: no spills (checked); d = 256 (O alone is 128 registers a thread) spills up to
              * ~20 bytes in the window variants, and the backward spills tens of bytes: printed above */
@@ -172,6 +230,9 @@ int main(void) {
     }
     printf("nvrtc_kernels: %d compiles in %.1f s wall\n", njobs, total / 1e3);
     for (int k = 0; k < 4; k++) free(g_src[k]);
+    for (int j = 0; j < njobs; j++) free(prefix[j]);
+    free(prefix);
+    free(what);
     free(sm90);
     free(specs);
     free(archs);

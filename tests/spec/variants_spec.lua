@@ -68,7 +68,10 @@ describe("variants: tracer and code generation", function()
     local s2 = src({ score_mod = function(score, b, h, q, kv) return score + (h + 1) - 1 - h end })
     assert.is_nil(s2.score_mod)   -- the identity: no hook
     local s3 = src({ score_mod = function(score, b, h, q, kv) return score / 4 + q / 2 end })
-    assert.equal("((score / 4.0f) + ((float)(q_idx + 1) / 2.0f))", s3.score_mod)
+    -- division by a constant is a multiplication by its reciprocal; by anything else __fdividef
+    assert.equal("((score * 0.25f) + ((float)(q_idx + 1) * 0.5f))", s3.score_mod)
+    local s4 = src({ score_mod = function(score, b, h, q, kv) return score / (kv + 1) end })
+    assert.equal("__fdividef(score, (float)(kv_idx + 2))", s4.score_mod)
   end)
 
   it("integer captures are read as int, float ones as float; strides are contiguous", function()
@@ -79,7 +82,9 @@ describe("variants: tracer and code generation", function()
 
   it("derives score_grad for non-additive mods and capture_grad for parameters", function()
     local s = src({ score_mod = function(score) return 30 * al.tanh(score / 30) end })
-    assert.equal("(grad * (1.0f - (tanhf((score / 30.0f)) * tanhf((score / 30.0f)))))", s.score_grad)
+    assert.equal("(grad * (1.0f - (al_v_tanh((score * 0.0333333333f)) * al_v_tanh((score * 0.0333333333f)))))", s.score_grad)
+    -- the fast tanh comes with the variant's prelude
+    assert.truthy(s.prelude and s.prelude:find("float al_v_tanh(float x)", 1, true), tostring(s.prelude))
     local w = al.attention.param(al.randn({ 4 }))
     local s2 = src({ score_mod = function(score, b, h) return score * w[h] end })
     assert.equal("(grad * ((const float *)AL_CAP(0))[h])", s2.score_grad)
