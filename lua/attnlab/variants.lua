@@ -746,8 +746,9 @@ local function gen_cuda(root, caps, uses)
     elseif op == "div" then
       -- by a constant: times its reciprocal (one FMUL, <= 1.5 ulp); otherwise __fdividef (2 ulp, no
       -- slow path). IEEE division is ~10 instructions with a branch, per score element.
+      -- (only where c and 1/c are normal f32 numbers: 2^-126 <= |c| <= 2^126, else __fdividef)
       local c = cval(n.args[2])
-      if c and c ~= 0 and c == c and c ~= huge and c ~= -huge then
+      if c and c == c and math.abs(c) >= 2 ^ -126 and math.abs(c) <= 2 ^ 126 then
         return "(" .. EF(n.args[1]) .. " * " .. cuda_float(1 / c) .. ")"
       end
       return "__fdividef(" .. EF(n.args[1]) .. ", " .. EF(n.args[2]) .. ")"
