@@ -268,21 +268,15 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
      * 32 tiles per ballot */
     unsigned short *bm_list = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (1 + 2 * ST));
     int *bm_count = (int *)(bm_list + AL_SM90_BM_LIST);
-    if (tid < 32) {
-        int cnt = 0;
-        for (int j0 = 0; j0 < nstream; j0 += 32) {
-            const int j = j0 + tid;
+    if (tid < 32)
 #if AL_SM90_ROLE == 0
-            const int kind = j < nstream ? al_fl_block(p, b, hk * group + j / ntile, (t_lo + j % ntile) * BN, own0) : 0;
+        /* (scalars captured by value: by reference, two extra integer multiplies stayed in the kernel) */
+        al_sm90_list_tiles(bm_list, bm_count, nstream, tid, [&p, b, hk, group, ntile, t_lo, own0](int j) {
+            return al_fl_block(p, b, hk * group + j / ntile, (t_lo + j % ntile) * BN, own0);
+        });
 #else
-            const int kind = j < nstream ? al_fl_block(p, b, h, own0, (t_lo + j) * BN) : 0;
+        al_sm90_list_tiles(bm_list, bm_count, nstream, tid, [&](int j) { return al_fl_block(p, b, h, own0, (t_lo + j) * BN); });
 #endif
-            const unsigned keep = __ballot_sync(0xffffffffu, kind != 0);
-            if (kind != 0) bm_list[cnt + __popc(keep & ((1u << tid) - 1u))] = (unsigned short)((j << 2) | kind);
-            cnt += __popc(keep);
-        }
-        if (tid == 0) *bm_count = cnt;
-    }
     __syncthreads();
     nstream = *bm_count;
 #else

@@ -163,17 +163,8 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     /* the list after the barriers (the host's smem size counts 2 AL_SM90_BM_LIST + 16 bytes for it) */
     unsigned short *bm_list = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (1 + 4 * ST));
     int *bm_count = (int *)(bm_list + AL_SM90_BM_LIST);
-    if (tid < 32) {   /* warp 0 compacts the row of the block mask, 32 tiles per ballot */
-        int cnt = 0;
-        for (int j0 = 0; j0 < nblk; j0 += 32) {
-            const int j = j0 + tid;
-            const int kind = j < nblk ? al_fl_block(p, b, h, m0, (nb_lo + j) * BN) : 0;
-            const unsigned keep = __ballot_sync(0xffffffffu, kind != 0);
-            if (kind != 0) bm_list[cnt + __popc(keep & ((1u << tid) - 1u))] = (unsigned short)((j << 2) | kind);
-            cnt += __popc(keep);
-        }
-        if (tid == 0) *bm_count = cnt;
-    }
+    if (tid < 32)   /* warp 0 compacts the Q block's row of the block mask */
+        al_sm90_list_tiles(bm_list, bm_count, nblk, tid, [&](int j) { return al_fl_block(p, b, h, m0, (nb_lo + j) * BN); });
     __syncthreads();
     nblk = *bm_count;
 #else

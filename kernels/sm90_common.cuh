@@ -87,6 +87,23 @@ AL_DEV void al_tma_load_4d(al_u32 dst, const al_sm90_tmap *m, al_u32 bar, int c0
 /* ordinary shared-memory stores made visible to the async proxy (wgmma reads) */
 AL_DEV void al_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+/* Block masks: one warp (all 32 lanes call it) compacts the n tiles a CTA would walk into list[], in
+ * order, keeping the non-empty ones as (tile index << 2 | kind), kind_of(j) giving tile j's block-mask
+ * entry (0 empty, 1 partial, 2 full); 32 tiles per ballot. Lane 0 writes the count to *count; the caller
+ * syncs the CTA before reading either. list needs room for n entries (the host bounds n). */
+template <class KindOf>
+AL_DEV void al_sm90_list_tiles(unsigned short *list, int *count, int n, int lane, KindOf kind_of) {
+    int cnt = 0;
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        const int j = j0 + lane;
+        const int kind = j < n ? kind_of(j) : 0;
+        const unsigned keep = __ballot_sync(0xffffffffu, kind != 0);
+        if (kind != 0) list[cnt + __popc(keep & ((1u << lane) - 1u))] = (unsigned short)((j << 2) | kind);
+        cnt += __popc(keep);
+    }
+    if (lane == 0) *count = cnt;
+}
+
 /* The warp copies rows [0, valid) of a [ROWS][DIM] 16-bit tile from global memory (row stride st
  * elements) into the 128-byte-swizzled box layout TMA would produce, zero-filling the rest, then makes
  * the stores visible to wgmma. For the tile a sequence's end cuts: TMA would read the next sequence's

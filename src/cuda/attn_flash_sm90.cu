@@ -49,9 +49,12 @@ static al_flash_spec sm90_spec(const al_attn_plan *pl) {
     return s;
 }
 
-int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
+/* What the Hopper forward and backward both need: the path not switched off, an sm_90 device, f16/bf16,
+ * d_qk == d_v in {64, 128, up to max_d}, no ALiBi (the stage-1 kernels serve it), softmax_scale > 0 (the
+ * row max is taken on raw scores). */
+static int sm90_basics(const al_attn_plan *pl, int max_d, char *why, size_t n) {
     const al_attn_params *p = &pl->p;
-    if (sm90_env_off()) { why_set(why, n, "the sm_90 (wgmma/TMA) forward is switched off by ATTNLAB_FLASH_SM90=0"); return 0; }
+    if (sm90_env_off()) { why_set(why, n, "the sm_90 (wgmma/TMA) kernels are switched off by ATTNLAB_FLASH_SM90=0"); return 0; }
     int cc = 0;
     if (al_nvrtc_arch(pl->in.q->device_index, NULL, 0, &cc) != AL_OK) {
         al_clear_error();
@@ -60,11 +63,18 @@ int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
     }
     if (cc != 90) { why_set(why, n, "not an sm_90 device (wgmma/TMA kernels are sm_90a)"); return 0; }
     if (pl->in.q->dtype != AL_DTYPE_BF16 && pl->in.q->dtype != AL_DTYPE_F16) { why_set(why, n, "dtype"); return 0; }
-    if (p->d_qk != p->d_v || (p->d_qk != 64 && p->d_qk != 128 && p->d_qk != 256)) {
-        why_set(why, n, "head dim");
+    if (p->d_qk != p->d_v || (p->d_qk != 64 && p->d_qk != 128 && p->d_qk != 256) || p->d_qk > max_d) {
+        if (why && n) snprintf(why, n, "head dim (d_qk == d_v in 64, 128%s)", max_d >= 256 ? ", 256" : "");
         return 0;
     }
     if (p->bias_type == AL_ATTN_BIAS_ALIBI || pl->alibi) { why_set(why, n, "ALiBi (stage-1 kernel)"); return 0; }
+    if (!(p->softmax_scale > 0.0)) { why_set(why, n, "softmax_scale <= 0 (the row max is taken on raw scores)"); return 0; }
+    return 1;
+}
+
+int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
+    const al_attn_params *p = &pl->p;
+    if (!sm90_basics(pl, 256, why, n)) return 0;
     const al_attn_variant *var = pl->in.variant;
     if (var && sm90_variants_off()) {
         why_set(why, n, "variants on the sm_90 forward are switched off by ATTNLAB_FLASH_SM90_VARIANTS=0");
@@ -86,7 +96,6 @@ int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
             return 0;
         }
     }
-    if (!(p->softmax_scale > 0.0)) { why_set(why, n, "softmax_scale <= 0 (the row max is taken on raw scores)"); return 0; }
     return 1;
 }
 
@@ -177,22 +186,10 @@ static int sm90_bwd_blocks_ok(const al_attn_plan *pl, const al_attn_variant *var
 }
 
 int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n) {
-    const al_attn_params *p = &pl->p;
     if (!sm90_bwd_on()) { why_set(why, n, "the sm_90 backward is switched off by ATTNLAB_FLASH_SM90_BWD=0"); return 0; }
-    if (sm90_env_off()) { why_set(why, n, "ATTNLAB_FLASH_SM90=0"); return 0; }
-    int cc = 0;
-    if (al_nvrtc_arch(pl->in.q->device_index, NULL, 0, &cc) != AL_OK) {
-        al_clear_error();
-        why_set(why, n, "compute capability unknown");
-        return 0;
-    }
-    if (cc != 90) { why_set(why, n, "not an sm_90 device"); return 0; }
-    if (pl->in.q->dtype != AL_DTYPE_BF16 && pl->in.q->dtype != AL_DTYPE_F16) { why_set(why, n, "dtype"); return 0; }
-    if (p->d_qk != p->d_v || (p->d_qk != 64 && p->d_qk != 128)) { why_set(why, n, "head dim (64 or 128)"); return 0; }
-    if (p->bias_type == AL_ATTN_BIAS_ALIBI || pl->alibi) { why_set(why, n, "ALiBi (stage-1 kernel)"); return 0; }
+    if (!sm90_basics(pl, 128, why, n)) return 0;
     const al_attn_variant *var = pl->in.variant;
     if (var && var->block_mask && !sm90_bwd_blocks_ok(pl, var, why, n)) return 0;
-    if (!(p->softmax_scale > 0.0)) { why_set(why, n, "softmax_scale <= 0"); return 0; }
     return 1;
 }
 
