@@ -34,10 +34,14 @@
  *     O += P V: wgmma m64nDk16 with A = P from registers (the f32 accumulator layout of S, packed
  *     in pairs, is the A-fragment layout) and B = V from shared memory (MN-major, imm-trans-b).
  *     Each warp's lane 0 arrives on the tile's "empty" barrier after the wgmma that read it retired.
+ *   Scheduling (FA3's two steps, session 5): the two consumers ping-pong on named barriers 1 and 2, so
+ *   one warpgroup's softmax runs while the other's GEMMs hold the tensor cores (AL_SM90_PINGPONG); and
+ *   inside a warpgroup S(j+1) = Q K(j+1)^T is issued together with O += P(j) V(j), the softmax of S(j+1)
+ *   running while the O product is in flight (AL_SM90_PIPE; off at d = 256, where P(j) beside O's 128
+ *   registers spilled). H200, bf16, d = 128: 559-613 -> 602-649 TFLOP/s non-causal, 502-569 -> 544-676
+ *   causal (docs/PERFORMANCE.md, session 5).
  *   Epilogue: O / l stored from registers (16-bit pairs), LSE = (m + log2 l) ln 2.
- *   Not yet (see the report in notes / issue 6): ping-pong scheduling of the two consumer
- *   warpgroups, intra-warpgroup overlap of softmax(j) with the GEMMs of j+1, TMA stores of O,
- *   a persistent tile scheduler, cluster multicast of K/V.
+ *   Not yet: TMA stores of O, a persistent tile scheduler, cluster multicast of K/V.
  * Shared memory (from a 1024-byte aligned base): Q [D/64 boxes][BM][64] | K [STAGES][D/64][BN][64] |
  * V [STAGES][D/64][BN][64] | mbarriers | (block mask: the tile list, u16 [AL_SM90_BM_LIST], and its
  * count). Rows past the tensor's extent come back as zeros from TMA.
@@ -57,6 +61,12 @@
 #ifndef AL_SM90_CONSUMERS
 #define AL_SM90_CONSUMERS 2
 #endif
+#ifndef AL_SM90_PIPE   /* d = 256: P(j-1) live beside O's 128 registers and S spilled 16 bytes */
+#define AL_SM90_PIPE (AL_HEAD_DIM <= 128)
+#endif
+#ifndef AL_SM90_PINGPONG
+#define AL_SM90_PINGPONG (AL_SM90_CONSUMERS == 2)
+#endif
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on key tiles per Q block)"
 #endif
@@ -73,6 +83,9 @@ constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;
 constexpr int PRODUCER_REGS = 64;
 constexpr int CONSUMER_REGS = 216;
+constexpr bool PIPE = AL_SM90_PIPE;           /* S(j+1) and O += P(j) V(j) issued together */
+constexpr bool PINGPONG = AL_SM90_PINGPONG;   /* the two consumers alternate on the tensor cores */
+static_assert(!PINGPONG || NC == 2, "ping-pong needs exactly two consumer warpgroups");
 static_assert(BN == 64 || BN == 128, "BLOCK_N is 64 or 128");
 static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128, 256");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register file");
@@ -241,14 +254,19 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
 
     if (nblk > 0) al_mbar_wait(bar_q, 0);
     const al_u32 qa = sQ + cw * (64 * 128);      /* this warpgroup's 64 rows inside each Q box */
-    for (int j = 0; j < nblk; j++) {
-        const int n0 = (nb_lo + F90_TILE_OF(j)) * BN;
-        const int blk = F90_KIND_OF(j);
-        const int stg = j % ST, ph = (j / ST) & 1;
-        const al_u32 kt = sK + stg * KV_BYTES, vt = sV + stg * KV_BYTES;
+    /* Ping-pong (PINGPONG): the two consumers take turns to issue their GEMMs, each handing the tensor
+     * cores to the other while it runs its softmax. Warpgroup w waits on named barrier 1 + w before it
+     * issues and arrives on the other's after; warpgroup 1 opens with an arrive on warpgroup 0's, and
+     * leaves out its last arrive so that every arrive is matched by a sync before the CTA ends. Both
+     * consumers walk the same nblk tiles, so their turns pair up. */
+    float corr[2] = {1.0f, 1.0f};
+    al_u32 pa[BN / 16][4];                       /* P of the previous tile, 16-bit A fragments */
+    float sc[BN / 2];                            /* S of this tile; its exponentials after the softmax */
 
-        /* S = Q K^T */
-        float sc[BN / 2];
+    /* S(j) = Q K(j)^T, issued */
+    auto issue_s = [&](int j) {
+        const int stg = j % ST, ph = (j / ST) & 1;
+        const al_u32 kt = sK + stg * KV_BYTES;
         al_mbar_wait(BAR_KF(stg), ph);
         al_wg_fence();
 #pragma unroll
@@ -258,12 +276,30 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             AL_WG_SS_S(sc, da, db, ks > 0);
         }
         al_wg_commit();
-        al_wg_wait<0>();
+    };
+    /* O += P(j) V(j), issued (pa holds P(j)) */
+    auto issue_o = [&](int j) {
+        const int stg = j % ST, ph = (j / ST) & 1;
+        al_mbar_wait(BAR_VF(stg), ph);
+        al_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            AL_WG_RS_O(o, pa[kk], al_desc_sw128(sV + stg * KV_BYTES + kk * (16 * 128), BN * 128, 1024));
+        al_wg_commit();
+    };
+    /* after O(j) retired: o and pa are free again, V(j)'s stage goes back to the producer */
+    auto done_o = [&](int j) {
+        AL_WG_FENCE_O(o);
+        al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
+        if (lane == 0) al_mbar_arrive(BAR_VE(j % ST));
+    };
+    /* after S(j) retired: score_mod, mask, online softmax; sc becomes P(j) in f32, corr its correction.
+     * Accumulator element e of n8 tile t: row r0 + 8 (e >> 1), column n0 + 8 t + 2 tq + (e & 1). */
+    auto softmax = [&](int j) {
         AL_WG_FENCE_S(sc);
-        if (lane == 0) al_mbar_arrive(BAR_KE(stg));
-
-        /* score_mod, mask, online softmax (accumulator element e of n8 tile t: row r0 + 8 (e >> 1),
-         * column n0 + 8 t + 2 tq + (e & 1)) */
+        if (lane == 0) al_mbar_arrive(BAR_KE(j % ST));
+        const int n0 = (nb_lo + F90_TILE_OF(j)) * BN;
+        const int blk = F90_KIND_OF(j);
 #if AL_HAS_SCORE_MOD
 #pragma unroll
         for (int t = 0; t < BN / 8; t++)
@@ -292,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             mx[0] = fmaxf(mx[0], fmaxf(sc[t * 4 + 0], sc[t * 4 + 1]));
             mx[1] = fmaxf(mx[1], fmaxf(sc[t * 4 + 2], sc[t * 4 + 3]));
         }
-        float corr[2], nbase[2];
+        float nbase[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -305,36 +341,75 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             l_run[r] *= corr[r];
         }
 #pragma unroll
+        for (int t = 0; t < BN / 8; t++) {
+            sc[t * 4 + 0] = al_ex2(fmaf(sc[t * 4 + 0], sl2, nbase[0]));
+            sc[t * 4 + 1] = al_ex2(fmaf(sc[t * 4 + 1], sl2, nbase[0]));
+            sc[t * 4 + 2] = al_ex2(fmaf(sc[t * 4 + 2], sl2, nbase[1]));
+            sc[t * 4 + 3] = al_ex2(fmaf(sc[t * 4 + 3], sl2, nbase[1]));
+            l_run[0] += sc[t * 4 + 0] + sc[t * 4 + 1];
+            l_run[1] += sc[t * 4 + 2] + sc[t * 4 + 3];
+        }
+    };
+    /* o rescaled by the new tile's correction (only once O(j-1) retired: the product writes o
+     * asynchronously), P(j) packed into pa */
+    auto rescale_pack = [&]() {
+#pragma unroll
         for (int t = 0; t < D / 8; t++) {
             o[t * 4 + 0] *= corr[0];
             o[t * 4 + 1] *= corr[0];
             o[t * 4 + 2] *= corr[1];
             o[t * 4 + 3] *= corr[1];
         }
-        al_u32 pa[BN / 16][4];
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
-            const float p0 = al_ex2(fmaf(sc[t * 4 + 0], sl2, nbase[0]));
-            const float p1 = al_ex2(fmaf(sc[t * 4 + 1], sl2, nbase[0]));
-            const float p2 = al_ex2(fmaf(sc[t * 4 + 2], sl2, nbase[1]));
-            const float p3 = al_ex2(fmaf(sc[t * 4 + 3], sl2, nbase[1]));
-            l_run[0] += p0 + p1;
-            l_run[1] += p2 + p3;
-            pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(p0, p1);   /* row r0,     k = 8 (t & 1) + 2 tq */
-            pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(p2, p3);   /* row r0 + 8, same k */
+            pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(sc[t * 4 + 0], sc[t * 4 + 1]);   /* row r0, k = 8 (t & 1) + 2 tq */
+            pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(sc[t * 4 + 2], sc[t * 4 + 3]);   /* row r0 + 8, same k */
         }
+    };
 
-        /* O += P V */
-        al_mbar_wait(BAR_VF(stg), ph);
-        al_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            AL_WG_RS_O(o, pa[kk], al_desc_sw128(vt + kk * (16 * 128), BN * 128, 1024));
-        al_wg_commit();
+    /* Ping-pong (PINGPONG): the two consumers take turns to issue their GEMMs, each handing the tensor
+     * cores to the other while it runs its softmax. Warpgroup w waits on named barrier 1 + w before it
+     * issues and arrives on the other's after; warpgroup 1 opens with an arrive on warpgroup 0's and
+     * leaves out its last arrive, so that every arrive is matched by a sync before the CTA ends. Both
+     * consumers walk the same nblk tiles, so their turns pair up.
+     * PIPE: iteration j issues S(j) and O += P(j-1) V(j-1) together and runs the softmax of S(j) while the
+     * O product is in flight. The prologue (S(0)) and the epilogue (the last O) are peeled off the loop:
+     * a wgmma under a branch made ptxas serialise every wgmma of the kernel (C7518, "compiler-inserted
+     * WG.DP in divergent path"), which cost 30% on the H200. */
+    if (nblk > 0) {
+        if (PINGPONG && cw == 1) al_named_arrive(1, 256);
+        if (PINGPONG) al_named_sync(1 + cw, 256);
+        issue_s(0);
+        if (PINGPONG) al_named_arrive(2 - cw, 256);
         al_wg_wait<0>();
-        AL_WG_FENCE_O(o);
-        al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
-        if (lane == 0) al_mbar_arrive(BAR_VE(stg));
+        softmax(0);
+        rescale_pack();
+        for (int j = 1; j < nblk; j++) {
+            if (PINGPONG) al_named_sync(1 + cw, 256);
+            if (PIPE) {
+                issue_s(j);
+                issue_o(j - 1);
+            } else {
+                issue_o(j - 1);
+                al_wg_wait<0>();
+                done_o(j - 1);
+                issue_s(j);
+            }
+            if (PINGPONG) al_named_arrive(2 - cw, 256);
+            if (PIPE) al_wg_wait<1>();           /* S(j) retired; O(j-1) may still run */
+            else al_wg_wait<0>();
+            softmax(j);
+            if (PIPE) {
+                al_wg_wait<0>();
+                done_o(j - 1);
+            }
+            rescale_pack();
+        }
+        if (PINGPONG) al_named_sync(1 + cw, 256);
+        issue_o(nblk - 1);
+        if (PINGPONG && cw == 0) al_named_arrive(2, 256);
+        al_wg_wait<0>();
+        done_o(nblk - 1);
     }
 
     /* epilogue: O / l, LSE */

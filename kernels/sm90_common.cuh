@@ -87,6 +87,11 @@ AL_DEV void al_tma_load_4d(al_u32 dst, const al_sm90_tmap *m, al_u32 bar, int c0
 /* ordinary shared-memory stores made visible to the async proxy (wgmma reads) */
 AL_DEV void al_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+/* Named barriers (ids 1..15; 0 is __syncthreads) between warpgroups: `sync` waits until `count` threads
+ * (a multiple of 32, both sides counted) have arrived or synced on `id`; `arrive` signals without waiting. */
+AL_DEV void al_named_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+AL_DEV void al_named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+
 /* Block masks: one warp (all 32 lanes call it) compacts the n tiles a CTA would walk into list[], in
  * order, keeping the non-empty ones as (tile index << 2 | kind), kind_of(j) giving tile j's block-mask
  * entry (0 empty, 1 partial, 2 full); 32 tiles per ballot. Lane 0 writes the count to *count; the caller

@@ -5,6 +5,8 @@
 #   O=/tmp/gpu scripts/gpu_sanitize.sh memcheck  build/lib folder as for make (default: the checkout)
 #   SPECS="tests/spec/cuda_spec.lua ..."         spec files to run (default: every spec with a #gpu block)
 #   SANITIZER_TIMEOUT=900                        seconds per (tool, spec file)
+#   SANITIZER_OPTS="--kernel-name kns=al_"       extra compute-sanitizer options (here: check only our al_*
+#                                                kernels, so racecheck skips cuDNN's and runs much faster)
 #
 #   C_PROGS="test_gpu_backends test_flash_variant flash_sm90_check"  C programs run under each tool first
 #                                                (test_gpu_backends: unfused, fused and flash vs the cpu backend)
@@ -74,7 +76,9 @@ run_one() {
         *) echo "gpu_sanitize: unknown tool $tool"; exit 2 ;;
     esac
     echo "== compute-sanitizer --tool $tool $name"
-    timeout "$TIMEOUT" "$SAN" --tool "$tool" --error-exitcode 99 --print-limit "${PRINT_LIMIT:-10000}" "${opts[@]}" "$@" >"$out" 2>&1
+    # shellcheck disable=SC2086  # SANITIZER_OPTS is a word list
+    timeout "$TIMEOUT" "$SAN" --tool "$tool" --error-exitcode 99 --print-limit "${PRINT_LIMIT:-10000}" "${opts[@]}" \
+        ${SANITIZER_OPTS:-} "$@" >"$out" 2>&1
     local rc=$?
     local errors hazards suite note
     errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$out" | tail -1 | grep -Eo '[0-9]+$' || true)

@@ -99,6 +99,7 @@ typedef struct nvrtc_result {
     int ok, names_found;
     double ms;
     int regs[4], spill[4];
+    int serialized;   /* ptxas C7518: it serialised the kernel's wgmma (a wgmma under a branch did that) */
     char msg[2048];
 } nvrtc_result;
 
@@ -185,6 +186,7 @@ static void nvrtc_compile_source(const nvrtc_api *nv, const char *src, const cha
         snprintf(r->msg, sizeof r->msg, "%s: %.1900s", nv->errstr(rc), log ? log : "");
     } else {
         int unreported = 0;
+        r->serialized = log && (strstr(log, "C7518") || strstr(log, "instructions are serialized"));
         for (int i = 0; i < nf && i < 4; i++) {
             nvrtc_parse_ptxas(log ? log : "", names[i], &r->regs[i], &r->spill[i]);
             unreported |= r->regs[i] < 0;
