@@ -230,6 +230,41 @@ static al_status variant_functions(int32_t dev, const al_flash_spec *s, int sm90
     return AL_OK;
 }
 
+/* Compiles in parallel those of a call's kernel families (0 stage 1, 1 the Hopper forward, 2 / 3 the Hopper
+ * backward's kernels) that are new (al_nvrtc_prefetch); variants: g_vc_lock held, families already in the
+ * LRU skipped. The nvrtc_functions / variant_functions calls that follow then load them from disk. */
+void al_flash_prefetch(int32_t dev, const al_flash_spec *s, const al_attn_variant *v, const int *families, int n) {
+    fl_build b[4];
+    al_nvrtc_prog pg[4];
+    char *prefix[4] = {NULL, NULL, NULL, NULL};
+    int np = 0;
+    for (int i = 0; i < n && i < 4; i++) {
+        const int fam = families[i];
+        int cached = 0;
+        for (int k = 0; s->variant && k < FL_VCACHE && !cached; k++)
+            cached = g_vc[k].used && g_vc[k].dev == dev && g_vc[k].sm90 == fam && memcmp(&g_vc[k].spec, s, sizeof *s) == 0;
+        if (cached) continue;
+        if (s->variant) {
+            prefix[np] = al_flash_variant_source(v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
+                                                 fam >= 2 ? al_flash_sm90_bwd_file()
+                                                 : fam    ? al_flash_sm90_spec_file()
+                                                          : al_flash_spec_file(s));
+            if (!prefix[np]) break;
+        }
+        build_of(s, fam, &b[np]);
+        pg[np].file = b[np].file;
+        pg[np].prefix = prefix[np];
+        pg[np].opts = b[np].optp;
+        pg[np].nopts = b[np].nopts;
+        pg[np].names = b[np].names;
+        pg[np].nnames = b[np].nfns;
+        pg[np].label = b[np].label;
+        np++;
+    }
+    al_nvrtc_prefetch(dev, pg, np);
+    for (int i = 0; i < np; i++) free(prefix[i]);
+}
+
 static al_status get_functions(int32_t dev, const al_attn_plan *pl, const al_flash_spec *s, CUfunction *fns,
                                int *nfns) {
     if (s->variant) return variant_functions(dev, s, 0, pl->in.variant, fns, nfns);
@@ -517,7 +552,6 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
     const al_flash_tiles tl = al_flash_spec_tiles(&spec);
     CUfunction fns[4];
     int nf = 0;
-    AL_TRY(get_functions(c->dev, pl, &spec, fns, &nf));
 
     /* dout's tiles are read with cp.async like q's: a contiguous copy in q's dtype when they cannot be */
     const al_tensor *g = dout;
@@ -572,12 +606,20 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
     if (rows > 0 && SKV > 0 && al_flash_sm90_bwd_applies(pl, NULL, 0)) {
         prm.nsplit = 0;
         prm.dq_acc = NULL;
+        /* the pre pass reads no hook: a variant takes it from the default specialisation's module (on disk
+         * after one compile per machine), so its first backward compiles only the two Hopper kernels */
+        al_flash_spec plain = spec;
+        plain.variant = 0;
+        plain.block_mask = 0;
+        plain.vhash[0] = plain.vhash[1] = 0;
+        AL_TRY(nvrtc_functions(c->dev, &plain, 0, NULL, fns, &nf));
         AL_TRY(launch(fns[0], "al_flash_bwd_pre", pre_blocks, 1, 1, 256, 0, c->s, &prm));
         int done = 0;
         AL_TRY(al_flash_sm90_backward(c->dev, pl, &prm, c->s, &done));
         if (done) return AL_OK;
         /* strides TMA cannot describe: the stage-1 kernels below, whose pre pass zeroes the accumulators */
     }
+    AL_TRY(get_functions(c->dev, pl, &spec, fns, &nf));
     prm.nsplit = (int)nsplit;
     AL_TRY(fl_alloc(c, 4 * nsplit * rows * D, &acc));
     prm.dq_acc = (float *)acc;

@@ -25,6 +25,9 @@ AL_CU_HIDDEN int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t
 /* A variant specialisation's function through attn_flash.cu's LRU of variant modules (sm90 = 1: the
  * Hopper forward's file and options; 2 / 3: the Hopper backward's dK/dV / dQ kernel). The caller holds
  * that LRU's lock (attn_flash.cu's forward and backward do). */
+/* attn_flash.cu: compile a call's new kernel families in parallel (variants: g_vc_lock held by the caller) */
+AL_CU_HIDDEN void al_flash_prefetch(int32_t dev, const struct al_flash_spec *s, const al_attn_variant *v,
+                                    const int *families, int n);
 AL_CU_HIDDEN al_status al_flash_variant_function(int32_t dev, const struct al_flash_spec *s, const al_attn_variant *v,
                                                  int sm90, CUfunction *fn);
 

@@ -288,12 +288,13 @@ static al_status compile(const char *file, const char *src, const char *arch, co
 /* Write the cubin atomically: a private temp file renamed into place. Failures only cost a recompile
  * in the next process, so they are counted, not returned. */
 static void write_cache(const char *dir, const char *path, const char *data, size_t len) {
-    static int64_t counter;
-    if (mkdir_p(dir) != 0) { g_disk_writes_failed++; return; }
+    static int64_t counter;   /* atomics: al_nvrtc_prefetch writes from several threads */
+    if (mkdir_p(dir) != 0) { __atomic_add_fetch(&g_disk_writes_failed, 1, __ATOMIC_RELAXED); return; }
     char tmp[1400];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%lld", path, (int)getpid(), (long long)++counter);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%lld", path, (int)getpid(),
+             (long long)__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0) { g_disk_writes_failed++; return; }
+    if (fd < 0) { __atomic_add_fetch(&g_disk_writes_failed, 1, __ATOMIC_RELAXED); return; }
     size_t off = 0;
     while (off < len) {
         ssize_t w = write(fd, data + off, len - off);
@@ -303,7 +304,7 @@ static void write_cache(const char *dir, const char *path, const char *data, siz
     int ok = off == len && close(fd) == 0;
     if (!ok || rename(tmp, path) != 0) {
         unlink(tmp);
-        g_disk_writes_failed++;
+        __atomic_add_fetch(&g_disk_writes_failed, 1, __ATOMIC_RELAXED);
     }
 }
 
@@ -343,6 +344,48 @@ static char *make_key(const char *file, const char *prefix, const char *const *o
     return key;
 }
 
+/* g_lock held, kernel folder and header hash known: the text NVRTC compiles (prefix + kernels/<file>,
+ * malloc'd into *src) and its disk-cache file (cpath, in folder adir). */
+static al_status source_and_path(const char *file, const char *prefix, const char *const *opts, int nopts,
+                                 const char *arch, char **src_out, size_t *slen_out, char *adir, char *cpath) {
+    char path[1300];
+    snprintf(path, sizeof path, "%s/%s", g_kdir, file);
+    size_t slen = 0;
+    char *src = read_file(path, &slen);
+    if (!src) return al_error(AL_ERR_DEVICE, "nvrtc: cannot read the kernel source %s: %s", path, strerror(errno));
+    if (prefix) {   /* the compiled text is prefix + file: the cache key below hashes exactly that */
+        size_t pl = strlen(prefix);
+        char *both = (char *)malloc(pl + slen + 2);
+        if (!both) {
+            free(src);
+            return al_error(AL_ERR_OOM, "nvrtc: out of memory");
+        }
+        memcpy(both, prefix, pl);
+        both[pl] = '\n';
+        memcpy(both + pl + 1, src, slen + 1);
+        free(src);
+        src = both;
+        slen += pl + 1;
+    }
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    unsigned __int128 h = fnv128_str(fnv128_init(), "attnlab-nvrtc-cubin-v1");
+    h = fnv128_str(h, file);
+    h = fnv128(h, src, slen);
+    h = fnv128(h, &g_hdr_hash, sizeof g_hdr_hash);
+    for (int i = 0; i < nopts; i++) h = fnv128_str(h, opts[i]);
+    char ver[64];
+    snprintf(ver, sizeof ver, "nvrtc %d.%d arch %s", major, minor, arch);
+    h = fnv128_str(h, ver);
+    char cdir[1024];
+    cache_dir(cdir, sizeof cdir);
+    snprintf(adir, 1100, "%s/%s", cdir, arch);
+    snprintf(cpath, 1300, "%s/%016llx%016llx.cubin", adir, (unsigned long long)(h >> 64), (unsigned long long)h);
+    *src_out = src;
+    *slen_out = slen;
+    return AL_OK;
+}
+
 static al_status get_locked(int32_t dev, const char *file, const char *prefix, const char *const *opts, int nopts,
                             const char *const *names, int nnames, const char *label, CUfunction *fns) {
     if (nnames < 1 || nnames > NV_MAX_FNS)
@@ -369,45 +412,15 @@ static al_status get_locked(int32_t dev, const char *file, const char *prefix, c
         (void)cudaGetLastError();
     }
 
-    char path[1300];
-    snprintf(path, sizeof path, "%s/%s", g_kdir, file);
+    char *src = NULL, adir[1100], cpath[1300];
     size_t slen = 0;
-    char *src = read_file(path, &slen);
-    if (!src) {
-        st = al_error(AL_ERR_DEVICE, "nvrtc: cannot read the kernel source %s: %s", path, strerror(errno));
+    st = source_and_path(file, prefix, opts, nopts, arch, &src, &slen, adir, cpath);
+    if (st != AL_OK) {
         free(key);
         return st;
     }
-    if (prefix) {   /* the compiled text is prefix + file: the cache key below hashes exactly that */
-        size_t pl = strlen(prefix);
-        char *both = (char *)malloc(pl + slen + 2);
-        if (!both) {
-            free(src);
-            free(key);
-            return al_error(AL_ERR_OOM, "nvrtc: out of memory");
-        }
-        memcpy(both, prefix, pl);
-        both[pl] = '\n';
-        memcpy(both + pl + 1, src, slen + 1);
-        free(src);
-        src = both;
-        slen += pl + 1;
-    }
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
-    unsigned __int128 h = fnv128_str(fnv128_init(), "attnlab-nvrtc-cubin-v1");
-    h = fnv128_str(h, file);
-    h = fnv128(h, src, slen);
-    h = fnv128(h, &g_hdr_hash, sizeof g_hdr_hash);
-    for (int i = 0; i < nopts; i++) h = fnv128_str(h, opts[i]);
-    char ver[64];
-    snprintf(ver, sizeof ver, "nvrtc %d.%d arch %s", major, minor, arch);
-    h = fnv128_str(h, ver);
-    char cdir[1024], cpath[1300];
-    cache_dir(cdir, sizeof cdir);
-    char adir[1100];
-    snprintf(adir, sizeof adir, "%s/%s", cdir, arch);
-    snprintf(cpath, sizeof cpath, "%s/%016llx%016llx.cubin", adir, (unsigned long long)(h >> 64), (unsigned long long)h);
 
     nv_entry e;
     memset(&e, 0, sizeof e);
@@ -468,6 +481,87 @@ static al_status get_locked(int32_t dev, const char *file, const char *prefix, c
     g_tab[g_ntab++] = e;
     memcpy(fns, e.fns, sizeof(CUfunction) * (size_t)nnames);
     return AL_OK;
+}
+
+/* ---- al_nvrtc_prefetch: several missing programs compiled at once ----------------------------------- */
+typedef struct nv_job {
+    const al_nvrtc_prog *pg;
+    char *src;
+    char arch[16], adir[1100], cpath[1300];
+    al_status st;
+    double ms;
+} nv_job;
+
+static void *nv_job_run(void *arg) {
+    nv_job *j = (nv_job *)arg;
+    double t0 = now_ms();
+    char *cub = NULL;
+    size_t clen = 0;
+    j->st = compile(j->pg->file, j->src, j->arch, j->pg->opts, j->pg->nopts, j->pg->label, &cub, &clen);
+    j->ms = now_ms() - t0;
+    if (j->st == AL_OK) write_cache(j->adir, j->cpath, cub, clen);
+    else al_clear_error();   /* this thread's error; al_nvrtc_get compiles again and reports it */
+    free(cub);
+    return NULL;
+}
+
+void al_nvrtc_prefetch(int32_t dev, const al_nvrtc_prog *progs, int n) {
+    if (n < 2 || n > 8 || env_on("ATTNLAB_NVRTC_NO_DISK_CACHE") || env_on("ATTNLAB_NVRTC_SERIAL")) return;
+    if (al_cu_check_dev("nvrtc", dev) != AL_OK) { al_clear_error(); return; }
+    nv_job jobs[8];
+    int nj = 0;
+    pthread_mutex_lock(&g_lock);
+    al_status st = find_kernel_dir();
+    if (st == AL_OK) st = header_hash();
+    char arch[16];
+    if (st == AL_OK) st = al_nvrtc_arch(dev, arch, sizeof arch, NULL);
+    for (int i = 0; st == AL_OK && i < n; i++) {
+        const al_nvrtc_prog *pg = &progs[i];
+        char *key = make_key(pg->file, pg->prefix, pg->opts, pg->nopts, pg->names, pg->nnames);
+        int loaded = !key;
+        for (int t = 0; key && t < g_ntab && !loaded; t++) loaded = g_tab[t].dev == dev && strcmp(g_tab[t].key, key) == 0;
+        free(key);
+        if (loaded) continue;
+        nv_job *j = &jobs[nj];
+        memset(j, 0, sizeof *j);
+        j->pg = pg;
+        snprintf(j->arch, sizeof j->arch, "%s", arch);
+        size_t slen = 0;
+        if (source_and_path(pg->file, pg->prefix, pg->opts, pg->nopts, arch, &j->src, &slen, j->adir, j->cpath) != AL_OK) {
+            al_clear_error();
+            continue;
+        }
+        if (access(j->cpath, R_OK) == 0) { free(j->src); continue; }   /* on disk: a load, no compile */
+        nj++;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (st != AL_OK) al_clear_error();
+    if (nj >= 2) {
+        /* every job but the first on its own thread (NVRTC is thread-safe); a thread that cannot start
+         * leaves its job to the caller's al_nvrtc_get */
+        pthread_t th[8];
+        int started[8] = {0};
+        for (int i = 1; i < nj; i++) started[i] = pthread_create(&th[i], NULL, nv_job_run, &jobs[i]) == 0;
+        nv_job_run(&jobs[0]);
+        for (int i = 1; i < nj; i++)
+            if (started[i]) pthread_join(th[i], NULL);
+        int major = 0, minor = 0;
+        nvrtcVersion(&major, &minor);
+        pthread_mutex_lock(&g_lock);
+        for (int i = 0; i < nj; i++) {
+            if ((i > 0 && !started[i]) || jobs[i].st != AL_OK) continue;
+            g_compiles++;
+            g_compile_ms += jobs[i].ms;
+            log_line("%s: compiled by NVRTC in %.0f ms in parallel (%s)",
+                     jobs[i].pg->label, jobs[i].ms, jobs[i].cpath);
+            if (!env_on("ATTNLAB_NVRTC_QUIET"))
+                fprintf(stderr, "attnlab: nvrtc: compiled %s (%s) for %s in %.0f ms (NVRTC %d.%d, %d in parallel), "
+                        "cached in %s\n", jobs[i].pg->label, jobs[i].pg->file, arch, jobs[i].ms, major, minor, nj,
+                        jobs[i].cpath);
+        }
+        pthread_mutex_unlock(&g_lock);
+    }
+    for (int i = 0; i < nj; i++) free(jobs[i].src);
 }
 
 al_status al_nvrtc_get(int32_t dev, const char *file, const char *prefix, const char *const *opts, int nopts,

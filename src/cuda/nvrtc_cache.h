@@ -33,6 +33,22 @@
 AL_CU_HIDDEN al_status al_nvrtc_get(int32_t dev, const char *file, const char *prefix, const char *const *opts,
                                     int nopts, const char *const *names, int nnames, const char *label,
                                     CUfunction *fns);
+/* One program for al_nvrtc_prefetch: al_nvrtc_get's arguments. */
+typedef struct al_nvrtc_prog {
+    const char *file, *prefix;
+    const char *const *opts;
+    int nopts;
+    const char *const *names;
+    int nnames;
+    const char *label;
+} al_nvrtc_prog;
+/* Compiles those of the n (2..8) programs that are neither loaded nor in the disk cache, each on its own
+ * thread, into the disk cache, so that the al_nvrtc_get calls that follow only load them: a call that
+ * needs several new kernels (a new variant's backward: the Hopper dK/dV and dQ kernels) waits for the
+ * slowest compile instead of their sum. Best effort: does nothing with the disk cache off
+ * (ATTNLAB_NVRTC_NO_DISK_CACHE) or ATTNLAB_NVRTC_SERIAL=1, and leaves any failure for al_nvrtc_get to
+ * report. Prints the usual "compiled" lines and counts the compiles in al_nvrtc_info. */
+AL_CU_HIDDEN void al_nvrtc_prefetch(int32_t dev, const al_nvrtc_prog *progs, int n);
 /* Drop one entry of the in-memory table (same arguments as al_nvrtc_get) and unload its module, after
  * waiting for the device (its kernels may still be queued). The caller guarantees that nobody launches
  * the entry's functions afterwards (attn_flash.cu's variant LRU holds its lock across get + launch). */
