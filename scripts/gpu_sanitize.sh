@@ -57,7 +57,7 @@ export ATTNLAB_LIBDIR=$(cd "$O/lib" && pwd)
 export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;${LUA_PATH:-;}"
 # A fresh NVRTC kernel cache, so every runtime-compiled kernel is built (and checked) in this run.
 export ATTNLAB_CACHE_DIR="${TMPDIR:-/tmp}/attnlab-sanitize-cache.$$"   # outside OUT_DIR: the runner copies OUT back
-export FLASH_SM90_ONLY=check
+export FLASH_SM90_ONLY=${FLASH_SM90_ONLY:-check}   # bwdcheck: the backward cases
 LUAJIT=${LUAJIT:-luajit}
 # LuaJIT runs the specs with its JIT compiler off (-joff): with it on, busted under the sanitizer died
 # silently (exit 6, "process didn't terminate successfully", no report) on the H200 host (CUDA 13.0);
