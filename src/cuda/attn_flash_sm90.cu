@@ -212,8 +212,10 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
             CUDA_SUCCESS)
             return AL_OK;                                       /* strides TMA cannot describe: stage 1 */
     CUfunction fn[2];
-    static const int families[2] = {2, 3};   /* a new specialisation's two kernels compile at once */
-    al_flash_prefetch(dev, &spec, pl->in.variant, families, 2);
+    /* a new variant's two kernels compile at once. Variants only: for the default specialisations (on disk
+     * after their first use on a machine) the check would add microseconds of key building to every call */
+    static const int families[2] = {2, 3};
+    if (pl->in.variant) al_flash_prefetch(dev, &spec, pl->in.variant, families, 2);
     for (int role = 0; role < 2; role++) {
         char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
         const int nopts = al_flash_sm90_bwd_options(&spec, role, opts);
