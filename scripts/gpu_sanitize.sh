@@ -48,7 +48,7 @@ if [ -z "${SPECS:-}" ]; then
 fi
 # C programs that run the backends' kernels (test_cuda_faults is left out: it faults on purpose); built with
 # make (flash_sm90_check too: its own Makefile target), flash_sm90_check running its correctness cases only.
-C_PROGS=${C_PROGS:-"test_gpu_backends test_flash_variant flash_sm90_check"}
+C_PROGS=${C_PROGS:-"test_gpu_backends test_flash_variant flash_sm90_check test_cuda_threads"}
 for prog in $C_PROGS; do
     make O="$O" "$O/build/tests/$prog" >>"$OUT_DIR/build.log" 2>&1 || echo "gpu_sanitize: $prog did not build (see $OUT_DIR/build.log)"
 done
