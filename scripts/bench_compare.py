@@ -7,7 +7,11 @@ Per shape and mask, forward and backward:
   fused bs3hd / fused separate   target >= 0.97 (packed within 3%)
   torch_cudnn bs3hd / separate   (PyTorch's packed penalty)
   fused bs3hd / torch_cudnn bs3hd  target >= 1.25 (backward)
-plus host overhead per call (target <= 5 us for fused). Pure standard library.
+plus host overhead per call (target <= 5 us for fused). When the attnlab file holds flash records
+(bench/flash_bench.lua with ATTNLAB_BENCH_OUT), a second table for issue 6:
+  flash TFLOP/s, flash/torch_flash (FA2), flash/torch_cudnn, flash bs3hd / flash separate
+  with issue 6's targets marked (d = 128, s >= 4096: forward >= 550 non-causal, >= 480 causal;
+  backward >= 400). Pure standard library.
 Usage: python3 scripts/bench_compare.py attnlab.jsonl peer.jsonl
 """
 import json
@@ -85,11 +89,49 @@ def main():
                "fused packed/torch_cudnn packed (bwd)": 1.25}
     for name, val in sorted(worst.items()):
         print("  %-40s %.3f (target >= %.2f) %s" % (name, val, targets[name], "ok" if val >= targets[name] else "MISSED"))
+    flash_table(tab, shapes, ratio, fmt)
     print()
     print("host overhead per call (us, issued / including sync):")
     for be, r in sorted(hosts.items()):
         tgt = "  (target <= 5 us)" if be == "fused" else ""
         print("  %-16s %8.2f %8.2f%s" % (be, r["us_per_call"], r.get("us_per_call_synced", float("nan")), tgt))
+
+
+def flash_target(key, direction):
+    """issue 6's TFLOP/s target for a (b, h, s, d, mask) shape, or None where it names none"""
+    s, d, mask = key[2], key[3], key[4]
+    if d != 128:
+        return None
+    if direction == "bwd":
+        return 400.0
+    if s < 4096:
+        return None
+    return 480.0 if mask != "no_mask" else 550.0
+
+
+def flash_table(tab, shapes, ratio, fmt):
+    keys = [k for k in shapes if (k + ("separate", "flash")) in tab]
+    if not keys:
+        return
+    print()
+    print("flash backend (issue 6; ! = below its TFLOP/s target, d = 128)")
+    print("%-18s %-7s %-4s %8s %7s %8s %8s %8s %8s" % (
+        "b,h,s,d", "mask", "dir", "flash", "target", "/FA2", "/cuDNN", "FA2", "cuDNN") + " %8s" % "pk/sp")
+    for key in keys:
+        g = lambda layout, be: tab.get(key + (layout, be))
+        for direction, field in (("fwd", "fwd_tflops"), ("bwd", "bwd_tflops")):
+            fl, fp = g("separate", "flash"), g("bs3hd", "flash")
+            fa, cd = g("separate", "torch_flash"), g("separate", "torch_cudnn")
+            tgt = flash_target(key, direction)
+            val = fl.get(field) if fl else None
+            mark = " " if tgt is None or (val is not None and val >= tgt) else "!"
+            print("%-18s %-7s %-4s %8s %7s %s %s %8s %8s %s" % (
+                "%d,%d,%d,%d" % key[:4], key[4], direction,
+                ("%7.1f%s" % (val, mark)) if val is not None else "       -",
+                "%7.0f" % tgt if tgt else "      -",
+                fmt(ratio(fl, fa, field)), fmt(ratio(fl, cd, field)),
+                "%8.1f" % fa[field] if fa else "       -", "%8.1f" % cd[field] if cd else "       -",
+                fmt(ratio(fp, fl, field))))
 
 
 if __name__ == "__main__":
