@@ -713,8 +713,8 @@ function cuda.backend_info(name)
   if name ~= "fused" and name ~= "flash" then
     error("cuda.backend_info: name: expected 'fused' or 'flash', got " .. tostring(name), 2)
   end
-  info_buf = info_buf or ffi.new("char[65536]")
-  local n = C.al_cuda_backend_info(name, info_buf, 65536)
+  info_buf = info_buf or ffi.new("char[131072]")   -- 256 log lines of up to 256 chars, and the counters
+  local n = C.al_cuda_backend_info(name, info_buf, 131072)
   if n < 0 then error(last_error(), 2) end
   return ffi.string(info_buf), tonumber(n)
 end

@@ -43,7 +43,7 @@ static int g_cc[AL_CU_MAX_DEVICES];
 /* statistics */
 static int64_t g_compiles, g_disk_loads, g_mem_hits, g_disk_writes_failed, g_unloads;
 static double g_compile_ms, g_disk_ms;
-static char g_log[NV_LOG_LINES][160];
+static char g_log[NV_LOG_LINES][256];   /* a variant label, the time and the cache path: up to ~200 chars */
 static int g_nlog;
 
 static double now_ms(void) {
