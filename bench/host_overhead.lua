@@ -18,6 +18,9 @@ call (al.DotProductAttention:forward) are both timed.
 
 Run: ATTNLAB_LIBDIR=lib LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/host_overhead.lua [N]
 With ATTNLAB_BENCH_OUT=/path the figures are also appended as JSON lines (kind = "host_phase").
+With ATTNLAB_FUSED_PROFILE=1 the fused forward also times its own stages (outputs, key, plan lookup,
+aux + workspace, bind = variant pack + cuDNN's execute, tail) and the run ends with their means per call
+(al.cuda.backend_info("fused")).
 ]]
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
@@ -117,6 +120,9 @@ if al.cuda and al.cuda.available() then
     else
       print(string.format("  %-5s %-14s %-44s %s", "cuda", "full call", be, tostring(err):sub(1, 120)))
     end
+  end
+  if os.getenv("ATTNLAB_FUSED_PROFILE") and os.getenv("ATTNLAB_FUSED_PROFILE") ~= "0" then
+    print((al.cuda.backend_info("fused")))
   end
 else
   print("  (no usable GPU: phase (d), the cached fused/flash call, is skipped)")

@@ -73,6 +73,15 @@ AL_CU_HIDDEN al_status al_dnn_build_plan(al_dnn_graph *g, cudnnHandle_t handle, 
 AL_CU_HIDDEN al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, const int64_t *uids,
                                       void *const *ptrs, void *workspace);
 
+/* ---- host profile (ATTNLAB_FUSED_PROFILE=1, read once): where a cached fused call's host time goes ----- */
+/* 1 when ATTNLAB_FUSED_PROFILE is set to something other than 0 */
+AL_CU_HIDDEN int al_fz_profile_on(void);
+/* CLOCK_MONOTONIC in nanoseconds */
+AL_CU_HIDDEN double al_fz_now_ns(void);
+/* al_dnn_execute's share, summed per thread: [0] building and finalising the variant pack, [1]
+ * cudnnBackendExecute and the pack's destruction */
+extern __thread double al_dnn_prof_ns[2];
+
 /* ---- shared by the fused backend's paths (attn_fused.cu: f16/bf16, attn_fused_fp8.cu: FP8) ---------- */
 /* FNV-1a over a plan-cache key made of whole int64 words (nbytes a multiple of 8). */
 AL_CU_HIDDEN uint64_t al_dnn_hash_words(const void *key, size_t nbytes);
