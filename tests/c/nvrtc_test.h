@@ -99,7 +99,7 @@ typedef struct nvrtc_result {
     int ok, names_found;
     double ms;
     int regs[4], spill[4];
-    int serialized;   /* ptxas C7518: it serialised the kernel's wgmma (a wgmma under a branch did that) */
+    int serialized;   /* ptxas C7515/C7518...: "wgmma.mma_async instructions are serialized" (e.g. a wgmma under a branch) */
     char msg[2048];
 } nvrtc_result;
 
@@ -186,7 +186,7 @@ static void nvrtc_compile_source(const nvrtc_api *nv, const char *src, const cha
         snprintf(r->msg, sizeof r->msg, "%s: %.1900s", nv->errstr(rc), log ? log : "");
     } else {
         int unreported = 0;
-        r->serialized = log && (strstr(log, "C7518") || strstr(log, "instructions are serialized"));
+        r->serialized = log && strstr(log, "instructions are serialized") != NULL;
         for (int i = 0; i < nf && i < 4; i++) {
             nvrtc_parse_ptxas(log ? log : "", names[i], &r->regs[i], &r->spill[i]);
             unreported |= r->regs[i] < 0;
