@@ -188,17 +188,25 @@ static fl_ventry g_vc[FL_VCACHE];
 static uint64_t g_vc_clock;
 static pthread_mutex_t g_vc_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The loaded variant module of (dev, family, spec), or NULL; g_vc_lock held. */
+static fl_ventry *vc_find(int32_t dev, const al_flash_spec *s, int sm90) {
+    for (int i = 0; i < FL_VCACHE; i++)
+        if (g_vc[i].used && g_vc[i].dev == dev && g_vc[i].sm90 == sm90 && memcmp(&g_vc[i].spec, s, sizeof *s) == 0)
+            return &g_vc[i];
+    return NULL;
+}
+
 /* g_vc_lock held. */
 static al_status variant_functions(int32_t dev, const al_flash_spec *s, int sm90, const al_attn_variant *v,
                                    CUfunction *fns, int *nfns) {
     int slot = -1;
-    for (int i = 0; i < FL_VCACHE; i++)
-        if (g_vc[i].used && g_vc[i].dev == dev && g_vc[i].sm90 == sm90 && memcmp(&g_vc[i].spec, s, sizeof *s) == 0) {
-            g_vc[i].stamp = ++g_vc_clock;
-            memcpy(fns, g_vc[i].fns, sizeof g_vc[i].fns);
-            *nfns = g_vc[i].nfns;
-            return AL_OK;
-        }
+    fl_ventry *hit = vc_find(dev, s, sm90);
+    if (hit) {
+        hit->stamp = ++g_vc_clock;
+        memcpy(fns, hit->fns, sizeof hit->fns);
+        *nfns = hit->nfns;
+        return AL_OK;
+    }
     char *prefix = al_flash_variant_source(v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
                                            sm90 >= 2 ? al_flash_sm90_bwd_file()
                                            : sm90    ? al_flash_sm90_spec_file()
@@ -240,10 +248,7 @@ void al_flash_prefetch(int32_t dev, const al_flash_spec *s, const al_attn_varian
     int np = 0;
     for (int i = 0; i < n && i < 4; i++) {
         const int fam = families[i];
-        int cached = 0;
-        for (int k = 0; s->variant && k < FL_VCACHE && !cached; k++)
-            cached = g_vc[k].used && g_vc[k].dev == dev && g_vc[k].sm90 == fam && memcmp(&g_vc[k].spec, s, sizeof *s) == 0;
-        if (cached) continue;
+        if (s->variant && vc_find(dev, s, fam)) continue;
         if (s->variant) {
             prefix[np] = al_flash_variant_source(v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
                                                  fam >= 2 ? al_flash_sm90_bwd_file()

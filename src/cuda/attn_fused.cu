@@ -906,7 +906,7 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
         c->ptr[U_STATS] = al_tensor_data_ptr(lse);
         bind_bias(c);
         set_scalars(c, e);
-        const double d0 = al_dnn_prof_ns[0], d1 = al_dnn_prof_ns[1];
+        const double d0 = prof ? al_dnn_prof_ns[0] : 0.0, d1 = prof ? al_dnn_prof_ns[1] : 0.0;
         s = run_entry(handle, e, c, ws);
         if (prof) {   /* g_lock held */
             g_prof_dnn[0] += al_dnn_prof_ns[0] - d0;

@@ -14,6 +14,7 @@
  * on both sides (the plumbing: shapes, thd offsets, bias, gradients), and the GPU part reports skipped.
  */
 #include "test_main.h"
+#include "excess.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -53,27 +54,6 @@ static void shape_of(const cfg *c, int rows, int heads, int64_t *size, int32_t *
         size[0] = c->b; size[1] = rows; size[2] = heads; size[3] = c->d;
         *ndim = 4;
     }
-}
-
-/* max over elements of |a - b| - tol |b| (<= tol passes), NaN as +inf; -inf must match exactly */
-static double excess(const al_tensor *a, const al_tensor *b, double tol) {
-    int64_t n = 1;
-    for (int i = 0; i < b->ndim; i++) n *= b->size[i];
-    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1)), *y = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    CHECK_OK(al_tensor_read_f64(a, x, n));
-    CHECK_OK(al_tensor_read_f64(b, y, n));
-    double worst = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isinf(y[i])) {
-            if (x[i] != y[i]) worst = INFINITY;
-            continue;
-        }
-        const double e = isnan(x[i]) ? INFINITY : fabs(x[i] - y[i]) - tol * fabs(y[i]);
-        if (e > worst) worst = e;
-    }
-    free(x);
-    free(y);
-    return worst;
 }
 
 static void run_case(const cfg *c, const char *backend) {
@@ -143,9 +123,9 @@ static void run_case(const cfg *c, const char *backend) {
         const int f16 = dt == AL_DTYPE_F16;
         const double tol = f16 ? 1e-3 : 1.5e-2, gtol = f16 ? 2.5e-3 : 1.5e-2;
         if (og.storage) {
-            double e = excess(&og, &oc, tol);
+            double e = test_excess(&og, &oc, tol);
             CHECK(e <= tol, "%s: out beyond tolerance (%g)", label, e);
-            e = excess(&lg, &lc, 1e-4);
+            e = test_excess(&lg, &lc, 1e-4);
             CHECK(e <= 1e-4, "%s: lse beyond tolerance (%g)", label, e);
             al_tensor g[3][2], dbc, dbg;
             memset(g, 0, sizeof g);
@@ -162,11 +142,11 @@ static void run_case(const cfg *c, const char *backend) {
             CHECK_OK(al_attn_backward(&p, &ig, &og, &dog, &lg, &g[0][1], &g[1][1], &g[2][1], c->bias ? &dbg : NULL, NULL));
             static const char *gn[3] = {"dq", "dk", "dv"};
             for (int i = 0; i < 3; i++) {
-                e = excess(&g[i][1], &g[i][0], gtol);
+                e = test_excess(&g[i][1], &g[i][0], gtol);
                 CHECK(e <= gtol, "%s: %s beyond tolerance (%g)", label, gn[i], e);
             }
             if (c->bias && dbg.storage) {
-                e = excess(&dbg, &dbc, gtol);
+                e = test_excess(&dbg, &dbc, gtol);
                 CHECK(e <= gtol, "%s: dbias beyond tolerance (%g)", label, e);
             }
             for (int i = 0; i < 3; i++) {
