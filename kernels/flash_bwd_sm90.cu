@@ -512,6 +512,32 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             }
         }
 #else
+#if AL_HAS_MASK_MOD
+        /* a mask_mod-only variant: the tile's keep bits (element e of n8 tile t: bit 4 t + e), evaluated before
+         * S is live, so mask_mod's capture reads do not add to the P step's register peak (there the
+         * document mask spilled 4 bytes in the d=128 dK/dV kernel). mask_mod runs in partial blocks (1), not
+         * in full ones (2); the hooks' h is the tile's query head (role 0 streams the heads of a GQA group). */
+        unsigned keep = 0;
+        {
+            const int mod_on = B90_KIND_OF(j) == 1;
+#if AL_SM90_ROLE == 0
+            al_fl_seq sv = s;
+            sv.h = hq;
+#endif
+#pragma unroll
+            for (int t = 0; t < BN / 8; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
+#if AL_SM90_ROLE == 0
+                    const int ok = col < s.q_len && orow < s.kv_len && al_fl_valid(sv, col, orow, mod_on);
+#else
+                    const int ok = orow < s.q_len && al_fl_valid(s, orow, col, mod_on);
+#endif
+                    keep |= (unsigned)ok << (4 * t + e);
+                }
+        }
+#endif
         /* 1. S (role 0: S^T = K Q^T) */
         float sc[BN / 2];
         al_wg_fence();
@@ -526,16 +552,6 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if AL_SM90_ROLE == 0
         float ddc[BN / 8][2];                        /* D of this thread's query columns, for step 4 */
 #endif
-        /* a mask_mod-only variant: mask_mod runs in partial blocks (1), not in full ones (2); the hooks' h is
-         * the tile's query head (role 0 streams the heads of a GQA group) */
-        const int mod_on = B90_KIND_OF(j) == 1;
-#if AL_SM90_ROLE == 0
-        al_fl_seq sv = s;
-        sv.h = hq;
-#else
-        const al_fl_seq &sv = s;
-#endif
-        (void)mod_on;
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
             float pe[4];
@@ -552,11 +568,18 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
+#if AL_HAS_MASK_MOD
+                const int ok = (keep >> (4 * t + e)) & 1u;
+                (void)orow;
+                (void)col;
+#elif AL_SM90_ROLE == 0
+                const int ok = col < s.q_len && orow < s.kv_len && al_fl_valid(s, col, orow);
+#else
+                const int ok = orow < s.q_len && al_fl_valid(s, orow, col);
+#endif
 #if AL_SM90_ROLE == 0
-                const int ok = col < s.q_len && orow < s.kv_len && al_fl_valid(sv, col, orow, mod_on);
                 const float l2 = l2c[e & 1];
 #else
-                const int ok = orow < s.q_len && al_fl_valid(sv, orow, col, mod_on);
                 const float l2 = lr[e >> 1];
 #endif
                 pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
