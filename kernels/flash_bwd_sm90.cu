@@ -79,6 +79,16 @@ static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register file");
 }  // namespace b90
 
+/* The sliced variant path (S and dP in f32, VN columns at a time) is needed only where a hook reads the
+ * score: score_mod (and its gradient) or a capture gradient. A variant with mask_mod only (and/or a block
+ * mask) takes the plain path, which applies mask_mod through al_fl_valid where the block is partial: the
+ * sliced path's m64n16/n32 products made causal-through-mask_mod's backward 1.21-1.26x built-in causal. */
+#if AL_VARIANT && (AL_HAS_SCORE_MOD || AL_HAS_CAPTURE_GRAD)
+#define B90_SLICED 1
+#else
+#define B90_SLICED 0
+#endif
+
 #if AL_HEAD_DIM == 64
 #define AL_WG_RS_D al_wgmma_rs_n64_tb
 #define AL_WG_FENCE_D al_wg_fence_regs_n64
@@ -354,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     const int g = lane >> 2, tq = lane & 3;
     const int rl = cw * 64 + wq * 16 + g;            /* this thread's owned rows: own0 + rl and + 8 */
     const al_u32 a0 = sO0 + cw * (64 * 128), a1 = sO1 + cw * (64 * 128);
-#if !AL_VARIANT
+#if !B90_SLICED
     const float sl2 = p.scale_log2;
 #endif
 
@@ -389,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         const int c0 = (t_lo + B90_TILE_OF(j)) * BN;   /* first key column */
 #endif
         al_mbar_wait(BAR_F(stg), ph);
-#if AL_VARIANT
+#if B90_SLICED
         {
             /* the hooks' view of this tile: role 0's rows are keys and its columns queries */
 #if AL_SM90_ROLE == 0
@@ -502,6 +512,32 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             }
         }
 #else
+#if AL_HAS_MASK_MOD
+        /* a mask_mod-only variant: the tile's keep bits (element e of n8 tile t: bit 4 t + e), evaluated before
+         * S is live, so mask_mod's capture reads do not add to the P step's register peak (there the
+         * document mask spilled 4 bytes in the d=128 dK/dV kernel). mask_mod runs in partial blocks (1), not
+         * in full ones (2); the hooks' h is the tile's query head (role 0 streams the heads of a GQA group). */
+        unsigned keep = 0;
+        {
+            const int mod_on = B90_KIND_OF(j) == 1;
+#if AL_SM90_ROLE == 0
+            al_fl_seq sv = s;
+            sv.h = hq;
+#endif
+#pragma unroll
+            for (int t = 0; t < BN / 8; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
+#if AL_SM90_ROLE == 0
+                    const int ok = col < s.q_len && orow < s.kv_len && al_fl_valid(sv, col, orow, mod_on);
+#else
+                    const int ok = orow < s.q_len && al_fl_valid(s, orow, col, mod_on);
+#endif
+                    keep |= (unsigned)ok << (4 * t + e);
+                }
+        }
+#endif
         /* 1. S (role 0: S^T = K Q^T) */
         float sc[BN / 2];
         al_wg_fence();
@@ -532,11 +568,18 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
-#if AL_SM90_ROLE == 0
+#if AL_HAS_MASK_MOD
+                const int ok = (keep >> (4 * t + e)) & 1u;
+                (void)orow;
+                (void)col;
+#elif AL_SM90_ROLE == 0
                 const int ok = col < s.q_len && orow < s.kv_len && al_fl_valid(s, col, orow);
-                const float l2 = l2c[e & 1];
 #else
                 const int ok = orow < s.q_len && al_fl_valid(s, orow, col);
+#endif
+#if AL_SM90_ROLE == 0
+                const float l2 = l2c[e & 1];
+#else
                 const float l2 = lr[e >> 1];
 #endif
                 pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
@@ -601,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         AL_WG_FENCE_D(acc0);
 #endif
         al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
-#endif /* AL_VARIANT */
+#endif /* B90_SLICED */
         if (lane == 0) al_mbar_arrive(BAR_E(stg));
     }
 
