@@ -18,9 +18,12 @@ call (al.DotProductAttention:forward) are both timed.
 
 Run: ATTNLAB_LIBDIR=lib LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/host_overhead.lua [N]
 With ATTNLAB_BENCH_OUT=/path the figures are also appended as JSON lines (kind = "host_phase").
-With ATTNLAB_FUSED_PROFILE=1 the fused forward also times its own stages (outputs, key, plan lookup,
-aux + workspace, bind = variant pack + cuDNN's execute, tail) and the run ends with their means per call
-(al.cuda.backend_info("fused")).
+With ATTNLAB_HOST_PROFILE=1 (or the older ATTNLAB_FUSED_PROFILE=1) the backends time their own stages
+and the run ends with their means per call (al.cuda.backend_info): the fused forward's outputs, key, plan
+lookup, aux + workspace, bind = variant pack + cuDNN's execute, tail; the flash forward's begin, outputs,
+params, tmaps (TMA descriptors), lookup (kernel function), launch, tail.
+A floor for comparison: "one kernel" times t:fill_(x) on a 16-element cuda tensor, the cheapest Lua call
+that launches one kernel.
 ]]
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
@@ -121,8 +124,17 @@ if al.cuda and al.cuda.available() then
       print(string.format("  %-5s %-14s %-44s %s", "cuda", "full call", be, tostring(err):sub(1, 120)))
     end
   end
-  if os.getenv("ATTNLAB_FUSED_PROFILE") and os.getenv("ATTNLAB_FUSED_PROFILE") ~= "0" then
-    print((al.cuda.backend_info("fused")))
+  local small = al.randn({ 16 }, { device = "cuda" })
+  row("cuda", "one kernel", "t:fill_(x), 16 f32 elements (a floor)", time(function(n)
+    for i = 1, n do small:fill_(i) end
+  end))
+  local function env_on(name) local e = os.getenv(name); return e and e ~= "" and e ~= "0" end
+  if env_on("ATTNLAB_HOST_PROFILE") or env_on("ATTNLAB_FUSED_PROFILE") then
+    for _, be in ipairs({ "fused", "flash" }) do
+      for line in (al.cuda.backend_info(be) or ""):gmatch("[^\n]+") do
+        if line:match("^host profile") then print(be .. ": " .. line) end
+      end
+    end
   end
 else
   print("  (no usable GPU: phase (d), the cached fused/flash call, is skipped)")

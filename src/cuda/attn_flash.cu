@@ -43,6 +43,7 @@ extern "C" {
 #include "cuda/flash_specs.h"
 #include "cuda/attn_flash_sm90.h"
 #include "cuda/flash_sm90_specs.h"
+#include "cuda/host_profile.h"
 #include "../../kernels/flash_params.h"
 
 #include <math.h>
@@ -478,7 +479,13 @@ static al_status fl_params(fl_ctx *c, const al_attn_plan *pl, al_flash_params *p
 }
 
 /* ---- forward ------------------------------------------------------------------------------------------ */
-static al_status fl_forward_inner(fl_ctx *c, const al_attn_plan *pl, al_tensor *out, al_tensor *lse) {
+/* host profile of the forward (ATTNLAB_HOST_PROFILE=1, host_profile.h): pt[0..7] are the clock at the call's
+ * start and after each stage; al_flash_info appends the means */
+enum { FLP_BEGIN, FLP_OUTPUTS, FLP_PARAMS, FLP_TMAPS, FLP_LOOKUP, FLP_LAUNCH, FLP_TAIL, FLP_N };
+static al_hprof g_fwd_prof = {"flash forward", FLP_N, {"begin", "outputs", "params", "tmaps", "lookup", "launch", "tail"},
+                              {0}, 0};
+
+static al_status fl_forward_inner(fl_ctx *c, const al_attn_plan *pl, al_tensor *out, al_tensor *lse, double *pt) {
     const al_attn_params *p = &pl->p;
     const al_tensor *q = pl->in.q;
     const al_flash_spec spec = spec_of(pl, AL_FLASH_FWD);
@@ -491,6 +498,7 @@ static al_status fl_forward_inner(fl_ctx *c, const al_attn_plan *pl, al_tensor *
     AL_TRY(al_tensor_empty(out, nd, osize, q->dtype, AL_DEVICE_CUDA, c->dev));
     const int64_t lsize[3] = {p->b, p->h, p->sq};
     AL_TRY(al_tensor_empty(lse, 3, lsize, AL_DTYPE_F32, AL_DEVICE_CUDA, c->dev));
+    if (pt) pt[FLP_OUTPUTS + 1] = al_hprof_now();
 
     al_flash_params prm;
     AL_TRY(fl_params(c, pl, &prm));
@@ -502,27 +510,42 @@ static al_status fl_forward_inner(fl_ctx *c, const al_attn_plan *pl, al_tensor *
         for (int d = 0; d < out->ndim; d++) nbytes *= out->size[d];     /* contiguous: numel elements */
         AL_CUDA_TRY(cudaMemsetAsync(al_tensor_data_ptr(out), 0, (size_t)nbytes, c->s));
     }
+    if (pt) pt[FLP_PARAMS + 1] = al_hprof_now();
     if (p->sq == 0 || p->b == 0) return AL_OK;
     /* the Hopper (wgmma/TMA) forward where it applies (ATTNLAB_FLASH_SM90=0 turns it off); the
      * stage-1 kernel is compiled only when it does not */
     int done = 0;
-    AL_TRY(al_flash_sm90_forward(c->dev, pl, &prm, c->s, &done));
-    if (done) return AL_OK;
+    AL_TRY(al_flash_sm90_forward(c->dev, pl, &prm, c->s, &done, pt ? pt + FLP_TMAPS + 1 : NULL));
+    if (done) {
+        if (pt) pt[FLP_LAUNCH + 1] = al_hprof_now();
+        return AL_OK;
+    }
+    if (pt) pt[FLP_TMAPS + 1] = al_hprof_now();   /* stage 1: no tensor maps */
     CUfunction fns[4];
     int nf = 0;
     AL_TRY(get_functions(c->dev, pl, &spec, fns, &nf));
+    if (pt) pt[FLP_LOOKUP + 1] = al_hprof_now();
     const unsigned gx = (unsigned)((p->sq + tl.bm - 1) / tl.bm);
-    return launch(fns[0], "al_flash_fwd", gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads, (unsigned)tl.smem,
-                  c->s, &prm);
+    al_status st = launch(fns[0], "al_flash_fwd", gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads,
+                          (unsigned)tl.smem, c->s, &prm);
+    if (pt) pt[FLP_LAUNCH + 1] = al_hprof_now();
+    return st;
 }
 
 static al_status fl_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse, al_tensor *max_logit) {
+    double pt[FLP_N + 1];
+    const int prof = al_hprof_on();
+    if (prof) {
+        pt[0] = al_hprof_now();
+        pt[FLP_LAUNCH + 1] = 0.0;   /* stays 0 when nothing was launched: not recorded */
+    }
     fl_ctx c;
     memset(&c, 0, sizeof c);
     c.dev = pl->in.q->device_index;
     al_status st = al_cu_begin("attention (flash)", c.dev, &c.s);
+    if (prof) pt[FLP_BEGIN + 1] = al_hprof_now();
     if (pl->in.variant) pthread_mutex_lock(&g_vc_lock);     /* see the variant LRU above */
-    if (st == AL_OK) st = fl_forward_inner(&c, pl, out, lse);
+    if (st == AL_OK) st = fl_forward_inner(&c, pl, out, lse, prof ? pt : NULL);
     if (pl->in.variant) pthread_mutex_unlock(&g_vc_lock);
     fl_release(&c);
     if (st != AL_OK) {
@@ -530,6 +553,9 @@ static al_status fl_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *l
         al_tensor_release(out);
         al_tensor_release(lse);
         if (max_logit) al_tensor_release(max_logit);
+    } else if (prof && pt[FLP_LAUNCH + 1] > 0.0) {
+        pt[FLP_TAIL + 1] = al_hprof_now();
+        al_hprof_add(&g_fwd_prof, pt);
     }
     return st;
 }
@@ -668,5 +694,7 @@ al_status al_cu_attn_flash_register(void) { return al_attn_register_backend(&g_f
 
 /* NVRTC and cache statistics as text (see nvrtc_cache.h); returns the number of NVRTC compiles. */
 extern "C" __attribute__((visibility("default"))) int64_t al_flash_info(char *buf, int64_t n) {
-    return al_nvrtc_info(buf, n);
+    const int64_t compiles = al_nvrtc_info(buf, n);
+    if (buf && n > 0) al_hprof_format(&g_fwd_prof, buf, strlen(buf), (size_t)n);   /* ATTNLAB_HOST_PROFILE=1 */
+    return compiles;
 }

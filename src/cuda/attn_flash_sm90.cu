@@ -12,6 +12,7 @@
 #include "cuda/nvrtc_cache.h"
 #include "cuda/flash_sm90_specs.h"
 #include "cuda/flash_sm90_tma.h"
+#include "cuda/host_profile.h"
 
 /* On by default on sm_90 (checked on an H200: tests/cuda/flash_sm90_check.cu and the flash specs);
  * ATTNLAB_FLASH_SM90=0 falls back to the stage-1 kernel, to compare the two or to rule this one out. */
@@ -99,8 +100,53 @@ int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
     return 1;
 }
 
+/* Default (non-variant) forward functions this thread has already resolved, with their shared-memory
+ * attribute set: the NVRTC lookup builds ten option strings, a label and a key and compares it under
+ * nvrtc_cache's lock (~1-2 us of a call whose whole host budget is 5 us, issue 5). Default modules are
+ * never unloaded (only variant modules are: attn_flash.cu's LRU), so a resolved function stays valid for the
+ * life of the process; per thread, so no lock. Keyed by (device, spec): the spec decides options and smem. */
+#define SM90_MEMO 8
+typedef struct sm90_memo {
+    int used;
+    int32_t dev;
+    al_flash_spec spec;
+    CUfunction fn;
+} sm90_memo;
+static __thread sm90_memo t_memo[SM90_MEMO];
+static __thread int t_memo_next;
+
+static al_status default_function(int32_t dev, const al_flash_spec *spec, int smem, CUfunction *fn) {
+    for (int i = 0; i < SM90_MEMO; i++)
+        if (t_memo[i].used && t_memo[i].dev == dev && memcmp(&t_memo[i].spec, spec, sizeof *spec) == 0) {
+            *fn = t_memo[i].fn;
+            return AL_OK;
+        }
+    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
+    const int nopts = al_flash_sm90_spec_options(spec, opts);
+    const char *optp[AL_FLASH_MAX_OPTS];
+    for (int i = 0; i < nopts; i++) optp[i] = opts[i];
+    const char *name = al_flash_sm90_function();
+    char label[96];
+    al_flash_sm90_spec_name(spec, label, sizeof label);
+    AL_TRY(al_nvrtc_get(dev, al_flash_sm90_spec_file(), NULL, optp, nopts, &name, 1, label, fn));
+    CUresult r = cuFuncSetAttribute(*fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
+    if (r != CUDA_SUCCESS) {
+        const char *msg = NULL;
+        cuGetErrorString(r, &msg);
+        return al_error(AL_ERR_CUDA, "al_flash_fwd_sm90 (%s): setting %d bytes of dynamic shared memory failed: %s", label,
+                        smem, msg ? msg : "?");
+    }
+    sm90_memo *m = &t_memo[t_memo_next];
+    t_memo_next = (t_memo_next + 1) % SM90_MEMO;
+    m->used = 1;
+    m->dev = dev;
+    m->spec = *spec;
+    m->fn = *fn;
+    return AL_OK;
+}
+
 al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm, cudaStream_t s,
-                                int *done) {
+                                int *done, double *prof) {
     *done = 0;
     if (!al_flash_sm90_applies(pl, NULL, 0)) return AL_OK;
     const al_attn_params *p = &pl->p;
@@ -114,19 +160,17 @@ al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_fl
     memset(&tm, 0, sizeof tm);
     if (al_flash_sm90_tmaps_make(&tm, prm, spec.bf16, spec.d, rows_q, rows_kv, tl.bm, tl.bn) != CUDA_SUCCESS)
         return AL_OK;                                           /* strides TMA cannot describe: stage 1 */
+    if (prof) prof[0] = al_hprof_now();
 
-    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
-    const int nopts = al_flash_sm90_spec_options(&spec, opts);
-    const char *optp[AL_FLASH_MAX_OPTS];
-    for (int i = 0; i < nopts; i++) optp[i] = opts[i];
-    const char *name = al_flash_sm90_function();
-    char label[96];
-    al_flash_sm90_spec_name(&spec, label, sizeof label);
     CUfunction fn;
-    if (pl->in.variant) AL_TRY(al_flash_variant_function(dev, &spec, pl->in.variant, 1, &fn));
-    else AL_TRY(al_nvrtc_get(dev, al_flash_sm90_spec_file(), NULL, optp, nopts, &name, 1, label, &fn));
-
-    CUresult r = cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tl.smem);
+    CUresult r = CUDA_SUCCESS;
+    if (pl->in.variant) {
+        AL_TRY(al_flash_variant_function(dev, &spec, pl->in.variant, 1, &fn));
+        r = cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tl.smem);
+    } else {
+        AL_TRY(default_function(dev, &spec, tl.smem, &fn));
+    }
+    if (prof) prof[1] = al_hprof_now();
     al_flash_params prm_copy = *prm;
     void *args[] = {&prm_copy, &tm};
     const unsigned gx = (unsigned)((p->sq + tl.bm - 1) / tl.bm);
@@ -137,6 +181,8 @@ al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_fl
         const char *msg = NULL, *nm = NULL;
         cuGetErrorString(r, &msg);
         cuGetErrorName(r, &nm);
+        char label[96];
+        al_flash_sm90_spec_name(&spec, label, sizeof label);
         return al_error(AL_ERR_CUDA, "launching al_flash_fwd_sm90 (%s; grid %u x %lld x %lld, %d threads, %d bytes of "
                         "shared memory) failed: %s (%s)", label, gx, (long long)p->h, (long long)p->b, tl.threads,
                         tl.smem, msg ? msg : "?", nm ? nm : "?");

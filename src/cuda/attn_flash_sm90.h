@@ -33,9 +33,10 @@ AL_CU_HIDDEN al_status al_flash_variant_function(int32_t dev, const struct al_fl
 
 /* Runs the forward with the sm90 kernel when it applies: *done = 1 after the launch; *done = 0 (and
  * nothing done) when it does not apply. prm: filled as for al_flash_fwd (fl_params, o, lse), the output
- * already zero-filled where the stage-1 path would. Errors (compile, launch) are returned. */
+ * already zero-filled where the stage-1 path would. Errors (compile, launch) are returned. prof: NULL, or
+ * (ATTNLAB_HOST_PROFILE) two clock readings: TMA maps made, kernel function found. */
 AL_CU_HIDDEN al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm,
-                                             cudaStream_t s, int *done);
+                                             cudaStream_t s, int *done, double *prof);
 
 /* The Hopper backward (kernels/flash_bwd_sm90.cu), on by default (ATTNLAB_FLASH_SM90_BWD=0 turns it off):
  * serves sm_90, f16/bf16, d_qk == d_v in {64, 128}, no ALiBi, softmax_scale > 0, strides TMA takes;

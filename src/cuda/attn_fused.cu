@@ -33,6 +33,7 @@
  * al_attn_dropout_uniform stream.
  */
 #include "cuda/cudnn_graph.h"
+#include "cuda/host_profile.h"
 #include "cuda/attn_fused_fp8.h"   /* FP8 plans (inputs.fp8) are routed to attn_fused_fp8.cu */
 extern "C" {   /* the core is C: its backend registry must be linked unmangled */
 #include "attention_internal.h"
@@ -815,7 +816,7 @@ static int32_t fused_supports(const al_attn_plan *pl, char *reason, size_t n) {
 #undef NO
 
 /* ---- forward -------------------------------------------------------------------------------------- */
-/* ---- host profile of the forward (ATTNLAB_FUSED_PROFILE=1) -------------------------------------------
+/* ---- host profile of the forward (ATTNLAB_HOST_PROFILE=1, host_profile.h) ------------------------------
  * Issue 5's host-overhead target (<= 5 us per cached call) needs to know where the time goes: with the
  * variable set (read once), fused_forward notes the clock at each stage boundary and adds the stages'
  * wall times into g_prof_ns at the end (under g_lock), al_dnn_execute splits "bind" into the variant
@@ -825,23 +826,10 @@ enum { FP_OUTPUTS, FP_SETUP, FP_PLAN, FP_AUX, FP_BIND, FP_TAIL, FP_N };
 static const char *const g_prof_name[FP_N] = {"outputs", "key", "plan", "aux+ws", "bind", "tail"};
 static double g_prof_ns[FP_N], g_prof_dnn[2];
 static int64_t g_prof_calls;
-static int g_prof = -1;
 
-int al_fz_profile_on(void) {
-    int v = __atomic_load_n(&g_prof, __ATOMIC_RELAXED);
-    if (v < 0) {
-        const char *e = getenv("ATTNLAB_FUSED_PROFILE");
-        v = e && *e && strcmp(e, "0") != 0;
-        __atomic_store_n(&g_prof, v, __ATOMIC_RELAXED);
-    }
-    return v;
-}
+int al_fz_profile_on(void) { return al_hprof_on(); }   /* host_profile.h: ATTNLAB_HOST_PROFILE / _FUSED_PROFILE */
 
-double al_fz_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
+double al_fz_now_ns(void) { return al_hprof_now(); }
 
 /* t[0..FP_N] are the stage boundaries of one call: added under g_lock */
 static void prof_record(const double *t) {
@@ -1087,7 +1075,7 @@ extern "C" __attribute__((visibility("default"))) int64_t al_fused_info(char *bu
         int u = snprintf(buf, (size_t)n, "cudnn=%s cudnn_header=%d.%d.%d plans=%d builds=%lld fp8_builds=%lld", v,
                          CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, cached, (long long)builds, (long long)al_fz8_builds());
         if (calls > 0 && u > 0 && u < n) {   /* ATTNLAB_FUSED_PROFILE=1: mean microseconds per forward call */
-            u += snprintf(buf + u, (size_t)(n - u), "\nhost profile (ATTNLAB_FUSED_PROFILE=1), %lld forward calls, us per call:",
+            u += snprintf(buf + u, (size_t)(n - u), "\nhost profile (ATTNLAB_HOST_PROFILE=1), fused forward: %lld calls, us per call:",
                           (long long)calls);
             for (int i = 0; i < FP_N && u > 0 && u < n; i++)
                 u += snprintf(buf + u, (size_t)(n - u), " %s %.2f", g_prof_name[i], ns[i] / 1e3 / (double)calls);
