@@ -213,6 +213,10 @@ al_status al_dnn_build_plan(al_dnn_graph *g, cudnnHandle_t handle, al_dnn *plan,
     AL_TRY(g->st);
 
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    /* diagnostics, to compare cuDNN's engines on the GPU: ATTNLAB_DNN_PLAN_SKIP=k passes over the first k
+     * configs that finalise (the heuristics' best first); ATTNLAB_DNN_PLAN_LOG=1 prints the chosen one */
+    const char *skip_env = getenv("ATTNLAB_DNN_PLAN_SKIP"), *log_env = getenv("ATTNLAB_DNN_PLAN_LOG");
+    int skip = skip_env ? atoi(skip_env) : 0;
     cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
     const char *last_what = "heuristics found no engine config";
     int64_t tried = 0;
@@ -243,8 +247,26 @@ al_status al_dnn_build_plan(al_dnn_graph *g, cudnnHandle_t handle, al_dnn *plan,
             s = cudnnBackendSetAttribute(p, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
             if (s == CUDNN_STATUS_SUCCESS) s = cudnnBackendFinalize(p);
             tried++;
-            if (s == CUDNN_STATUS_SUCCESS) *plan = p;
-            else { last = s; last_what = "finalize execution plan"; cudnnBackendDestroyDescriptor(p); }
+            if (s == CUDNN_STATUS_SUCCESS && skip > 0) {
+                skip--;
+                cudnnBackendDestroyDescriptor(p);
+                continue;
+            }
+            if (s == CUDNN_STATUS_SUCCESS) {
+                *plan = p;
+                if (log_env && *log_env && strcmp(log_env, "0") != 0) {
+                    al_dnn eng = NULL;
+                    int64_t gi = -1, n1 = 0;
+                    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) == CUDNN_STATUS_SUCCESS) {
+                        if (cudnnBackendGetAttribute(cfg[i], CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n1,
+                                                     &eng) == CUDNN_STATUS_SUCCESS)
+                            cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n1, &gi);
+                        cudnnBackendDestroyDescriptor(eng);
+                    }
+                    fprintf(stderr, "attnlab: cudnn plan: config %lld of %lld (heuristics mode %s), engine global index %lld\n",
+                            (long long)i + 1, (long long)got, mi ? "fallback" : "A", (long long)gi);
+                }
+            } else { last = s; last_what = "finalize execution plan"; cudnnBackendDestroyDescriptor(p); }
         }
     }
     if (!*plan)
