@@ -15,6 +15,10 @@
  */
 #include "cuda/cuda_internal.h"
 #include "numeric/fp8_scale.h"
+#include "cuda/fp8_fast.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 /* ---- NaN-propagating max of |x| ------------------------------------------------------------------ */
 template <typename C> static __device__ __forceinline__ C al_amax_comb(C m, C a) {
@@ -62,8 +66,9 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_amax_final_kernel(const doub
  * ncu at 4x16x4096x128 bf16: amax 130 us, quantise 178 us, the FP8 forward's dequantise of O 188 us, where
  * moving the bytes takes ~25 us). For contiguous operands (attention's q, k, v, o) these variants move 16
  * FP8 codes per thread and iteration with 16-byte loads and stores, the dtype and format being template
- * parameters. Every element still goes through the generic kernels' own functions (al_ld_f64 / al_ld_f32,
- * al_fp8_encode, al_fp8_decode, al_st_f64), applied to registers, so the bits are the same (and the CPU's).
+ * parameters. Every element gets the generic kernels' bits (and the CPU's): the same double arithmetic,
+ * then one correct rounding, by the same software functions or by the hardware converters fed through
+ * rounding to odd (al_f64_to_f32_odd below); the #gpu test in fp8_spec compares them bit for bit.
  * The last partial group of 16 is done element by element by the thread that owns it. */
 #define AL_FP8_VEC 16
 
@@ -108,6 +113,19 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_amax_vec_kernel(const char *
     if (threadIdx.x == 0) partial[blockIdx.x] = (double)m;
 }
 
+/* (al_f64_to_f32_odd, numeric/convert.h: rounding to odd, so that the hardware's f32 converters round a
+ * double once and correctly) */
+/* p rounded once to dtype DT (f32, f16 or bf16) into element k of the registers at r: al_st_f64's bits */
+template <int DT> static __device__ __forceinline__ void al_st_half_odd(char *r, int k, double p) {
+    if (DT == AL_DTYPE_F32 || p != p) {
+        al_st_f64(r, DT, k, p);
+    } else if (DT == AL_DTYPE_BF16) {
+        ((__nv_bfloat16 *)r)[k] = __float2bfloat16_rn(al_f64_to_f32_odd(p));
+    } else {
+        ((__half *)r)[k] = __float2half_rn(al_f64_to_f32_odd(p));
+    }
+}
+
 template <int FMT, int DT>
 __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_vec_kernel(uint8_t *out, const char *x, int64_t n,
                                                                         double scale) {
@@ -116,9 +134,22 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_vec_kernel(uint8_t
         if ((v + 1) * AL_FP8_VEC <= n) {
             uint4 r[4], o;
             al_ld16<DT>(x, v, r);
-            uint8_t *ob = (uint8_t *)&o;
+            uint32_t *ow = (uint32_t *)&o;
 #pragma unroll
-            for (int k = 0; k < AL_FP8_VEC; k++) ob[k] = al_fp8_encode(FMT, al_ld_f64((const char *)r, DT, k) * scale);
+            for (int g = 0; g < AL_FP8_VEC / 4; g++) {
+                float f[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) f[j] = al_f64_to_f32_odd(al_ld_f64((const char *)r, DT, 4 * g + j) * scale);
+                /* the hardware converter (fp8_fast.h: the bits of al_f32_to_e4m3/e5m2, correct for the odd-rounded
+                 * float); a group holding a NaN goes through the software encoder */
+                if (!al_fp8x4_hw<FMT == AL_DTYPE_FP8_E4M3>(f[0], f[1], f[2], f[3], &ow[g])) {
+                    uint32_t w = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        w |= (uint32_t)al_fp8_encode(FMT, al_ld_f64((const char *)r, DT, 4 * g + j) * scale) << (8 * j);
+                    ow[g] = w;
+                }
+            }
             ((uint4 *)out)[v] = o;
         } else {
             for (int64_t i = v * AL_FP8_VEC; i < n; i++) out[i] = al_fp8_encode(FMT, al_ld_f64(x, DT, i) * scale);
@@ -126,9 +157,13 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_vec_kernel(uint8_t
     }
 }
 
+/* FP8 codes decode through a 256-entry table in shared memory (filled with al_fp8_decode: exact) */
 template <int FMT, int DT>
 __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_dequant_vec_kernel(char *out, const uint8_t *q, int64_t n,
                                                                           double scale_inv) {
+    __shared__ float lut[256];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = (float)al_fp8_decode(FMT, (uint8_t)i);
+    __syncthreads();
     const int64_t nv = (n + AL_FP8_VEC - 1) / AL_FP8_VEC, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
         if ((v + 1) * AL_FP8_VEC <= n) {
@@ -136,7 +171,7 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_dequant_vec_kernel(char 
             const uint8_t *cb = (const uint8_t *)&c;
             uint4 r[4];
 #pragma unroll
-            for (int k = 0; k < AL_FP8_VEC; k++) al_st_f64((char *)r, DT, k, al_fp8_decode(FMT, cb[k]) * scale_inv);
+            for (int k = 0; k < AL_FP8_VEC; k++) al_st_half_odd<DT>((char *)r, k, (double)lut[cb[k]] * scale_inv);
             al_st16<DT>(out, v, r);
         } else {
             for (int64_t i = v * AL_FP8_VEC; i < n; i++) al_st_f64(out, DT, i, al_fp8_decode(FMT, q[i]) * scale_inv);
