@@ -191,6 +191,24 @@ static inline AL_HD uint16_t al_f32_to_bf16(float x) {
     return (uint16_t)(u >> 16);
 }
 
+/* f64 -> f32 rounded to odd: the float next to x toward zero, its last bit set when that is inexact.
+ * Rounding this float once more (RNE) to a format with at least two significand bits fewer (bf16, f16,
+ * FP8) gives exactly the correctly rounded value of x (rounding to odd: Boldo and Melquiond, "Emulation
+ * of FMA and correctly rounded sums: proved algorithms using rounding to odd", IEEE TC 2008). The GPU's
+ * FP8 kernels use it to reach the hardware's f32 converters with one correct rounding (src/cuda/fp8.cu);
+ * test_convert checks al_f32_to_X(al_f64_to_f32_odd(x)) == al_f64_to_X(x) for bf16, f16, e4m3, e5m2.
+ * Infinities stay, finite values beyond the float range become +-FLT_MAX (odd); NaN is the caller's. */
+static inline AL_HD float al_f64_to_f32_odd(double x) {
+#ifdef __CUDA_ARCH__
+    float f = __double2float_rz(x);
+#else
+    float f = (float)x;                                       /* RNE; one step back when it rounded away */
+    if ((f < 0.0f ? -(double)f : (double)f) > (x < 0.0 ? -x : x)) f = al_u32_as_f32(al_f32_as_u32(f) - 1u);
+#endif
+    if ((double)f != x) f = al_u32_as_f32(al_f32_as_u32(f) | 1u);
+    return f;
+}
+
 static inline AL_HD uint16_t al_f64_to_bf16(double x) {
     uint64_t u = al_f64_as_u64(x);
     uint16_t sign = (uint16_t)((u >> 48) & 0x8000u);

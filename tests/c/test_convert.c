@@ -285,6 +285,39 @@ static void test_random_bits(void) {
     }
 }
 
+/* Rounding to odd (al_f64_to_f32_odd) then the float encoder equals the double encoder, for every target
+ * (the GPU's vectorised FP8 quantise / dequantise rely on it: src/cuda/fp8.cu). Doubles of every kind:
+ * raw bit patterns (infinities, beyond the float range), values near the FP8 / f16 ranges, tiny ones, and
+ * representable values nudged by a few ulps of the double (the midpoint neighbourhoods). */
+static void test_round_to_odd(void) {
+    long bad = 0;
+    for (int i = 0; i < 2000000; i++) {
+        uint64_t r = rnd64();
+        double d;
+        switch (i % 4) {
+        case 0: memcpy(&d, &r, 8); break;
+        case 1: d = ldexp(1.0 + (double)(r >> 12) * 0x1p-52, (int)(rnd64() % 61) - 40); break;
+        case 2: d = ldexp(1.0 + (double)(r >> 12) * 0x1p-52, (int)(rnd64() % 320) - 170); break;
+        default: d = (double)((int)(rnd64() % 4096) - 2048) / 64.0 + ldexp((double)((int)(rnd64() % 64) - 32), -45); break;
+        }
+        if (i % 4 != 0 && (r & 1)) d = -d;
+        if (d != d) continue;
+        const float f = al_f64_to_f32_odd(d);
+        int ok = al_f32_to_bf16(f) == al_f64_to_bf16(d) && al_f32_to_f16(f) == al_f64_to_f16(d) &&
+                 al_f32_to_e4m3(f) == al_f64_to_e4m3(d) && al_f32_to_e5m2(f) == al_f64_to_e5m2(d);
+        if (!ok && bad++ < 5) fprintf(stderr, "round to odd: %.17g -> %.9g differs\n", d, (double)f);
+    }
+    CHECK(bad == 0, "%ld doubles whose odd-rounded float encodes differently", bad);
+    const double edge[] = {1.0 / 0.0, -1.0 / 0.0, 1e300, -1e300, 3.4028235677973366e38, 464.0, 61440.0, 65520.0,
+                           0x1p-150, -0x1p-160, 0.0, -0.0};
+    for (size_t k = 0; k < sizeof edge / sizeof edge[0]; k++) {
+        const float f = al_f64_to_f32_odd(edge[k]);
+        CHECK(al_f32_to_bf16(f) == al_f64_to_bf16(edge[k]) && al_f32_to_f16(f) == al_f64_to_f16(edge[k]) &&
+                  al_f32_to_e4m3(f) == al_f64_to_e4m3(edge[k]) && al_f32_to_e5m2(f) == al_f64_to_e5m2(edge[k]),
+              "round to odd differs at %.17g", edge[k]);
+    }
+}
+
 /* f16 against the compiler's _Float16 (libgcc soft-float or F16C): float and double sources. */
 static void test_f16_vs_compiler(void) {
 #if defined(__FLT16_MAX__)
@@ -465,6 +498,7 @@ int main(void) {
     RUN(test_roundtrip_all_codes);
     RUN(test_boundary_sweeps);
     RUN(test_random_bits);
+    RUN(test_round_to_odd);
     RUN(test_f16_vs_compiler);
     RUN(test_special_cases);
     RUN(test_load_store);

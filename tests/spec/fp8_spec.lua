@@ -338,6 +338,48 @@ describe("fp8 CUDA parity #gpu", function()
     assert.is_true(a ~= a)
   end)
 
+  it("the contiguous fast paths of amax, quantize and dequantize match the CPU bit for bit", function()
+    -- contiguous, 16-byte-aligned operands take the vectorised kernels (16 codes per thread, src/cuda/fp8.cu);
+    -- n leaves a partial last group of 16; special values sit in full groups and in the tail; an odd offset
+    -- (narrow from element 2) sends the same data through the generic kernels
+    if not al.cuda.available() then pending("no GPU") return end
+    al.manual_seed(32)
+    local n = 16 * 37 + 5
+    local base = al.randn({ n }) * 40
+    local special = { 0 / 0, 1 / 0, -1 / 0, 1e9, -1e9, 1e-30, -1e-30, -0.0, 2 ^ -10, 448, 449, 464, 57344, 61440, -3.5 }
+    for i, v in ipairs(special) do base:narrow(1, 3 * i, 1):fill_(v) end
+    base:narrow(1, n, 1):fill_(-1e9)
+    base:narrow(1, n - 2, 1):fill_(1 / 0)
+    local finite = base:clone()
+    finite:narrow(1, 3, 1):fill_(7)                           -- the NaN (special[1]) replaced
+    local function same_amax(a, b) return a == b or (a ~= a and b ~= b) end
+    for _, dt in ipairs({ "f32", "f16", "bf16" }) do
+      for _, src in ipairs({ base, finite }) do
+        local x = src:to(dt)
+        local xg = x:cuda()
+        local ac, ag = al.fp8.amax(x), al.fp8.amax(xg)
+        assert.is_true(same_amax(ac, ag), dt .. ": amax " .. tostring(ac) .. " vs " .. tostring(ag))
+        assert.is_true(same_amax(al.fp8.amax(x:narrow(1, 2, n - 1)), al.fp8.amax(xg:narrow(1, 2, n - 1))))
+        for _, fmt in ipairs({ "e4m3", "e5m2" }) do
+          for _, sc in ipairs({ 1.0, 1.7, 2 ^ -7 }) do
+            local what = string.format("%s %s scale %g", dt, fmt, sc)
+            local a, b = al.fp8.quantize(x, { format = fmt, scale = sc }), al.fp8.quantize(xg, { format = fmt, scale = sc })
+            local ok, at = same_codes(a.data, b.data:cpu())
+            assert.is_true(ok, what .. ": quantize differs at element " .. tostring(at))
+            for _, odt in ipairs({ "f32", "f16", "bf16" }) do
+              ok, at = same_codes(a:dequantize(odt), b:dequantize(odt):cpu())
+              assert.is_true(ok, what .. ": dequantize to " .. odt .. " differs at element " .. tostring(at))
+            end
+          end
+          local a = al.fp8.quantize(x:narrow(1, 2, n - 1), { format = fmt, scale = 1.7 })
+          local b = al.fp8.quantize(xg:narrow(1, 2, n - 1), { format = fmt, scale = 1.7 })
+          assert.is_true(same_codes(a.data, b.data:cpu()), dt .. " " .. fmt .. ": unaligned quantize")
+          assert.is_true(same_codes(a:dequantize("bf16"), b:dequantize("bf16"):cpu()), dt .. " " .. fmt .. ": dequantize")
+        end
+      end
+    end
+  end)
+
   it("FP8 attention on cuda tensors goes to the fused backend's cuDNN FP8 path or says why not", function()
     if not al.cuda.available() then pending("no GPU") return end
     local qkv = al.randn({ 16, 1, 3, 2, 16 }, { dtype = "bf16" }):cuda()
