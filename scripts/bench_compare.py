@@ -7,7 +7,9 @@ Per shape and mask, forward and backward:
   fused bs3hd / fused separate   target >= 0.97 (packed within 3%)
   torch_cudnn bs3hd / separate   (PyTorch's packed penalty)
   fused bs3hd / torch_cudnn bs3hd  target >= 1.25 (backward)
-plus host overhead per call (target <= 5 us for fused). When the attnlab file holds flash records
+plus host overhead per call (target <= 5 us for fused). The fused ratios measure our overhead only when both
+sides ran the same cuDNN: the "env" records carry each side's version (attnlab: "cudnn=9.14.0 ...", PyTorch:
+91900); the script prints both and a warning when they differ. When the attnlab file holds flash records
 (bench/flash_bench.lua with ATTNLAB_BENCH_OUT), a second table for issue 6:
   flash TFLOP/s, flash/torch_flash (FA2), flash/torch_cudnn, flash bs3hd / flash separate
   with issue 6's targets marked (d = 128, s >= 4096: forward >= 550 non-causal, >= 480 causal;
@@ -34,12 +36,36 @@ def load(path):
     return recs
 
 
+def cudnn_versions(recs):
+    """("9.14.0", "9.19.0") from the env records (attnlab: its backend_info text; PyTorch: an integer such as
+    91900 = major * 10000 + minor * 100 + patch), None where a side has none."""
+    ours = peer = None
+    for r in recs:
+        if r.get("kind") != "env" or "cudnn" not in r:
+            continue
+        v = r["cudnn"]
+        if r.get("source") == "attnlab" and isinstance(v, str):
+            for word in v.split():
+                if word.startswith("cudnn="):
+                    ours = word[len("cudnn="):]
+        elif r.get("source") == "torch" and isinstance(v, (int, float)) and v > 0:
+            v = int(v)
+            peer = "%d.%d.%d" % (v // 10000, v // 100 % 100, v % 100)
+    return ours, peer
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     recs = load(sys.argv[1]) + load(sys.argv[2])
     tab = {}
     hosts = {}
+    ours_cudnn, peer_cudnn = cudnn_versions(recs)
+    if ours_cudnn or peer_cudnn:
+        print("cuDNN: attnlab %s, PyTorch %s" % (ours_cudnn or "?", peer_cudnn or "?"))
+        if ours_cudnn and peer_cudnn and ours_cudnn != peer_cudnn:
+            print("WARNING: the two sides ran different cuDNN versions: fused/torch_cudnn compares two libraries, not "
+                  "attnlab's overhead (run attnlab with LD_LIBRARY_PATH pointing at PyTorch's cuDNN to compare like with like)")
     for r in recs:
         if r.get("kind") == "attention" and "error" not in r:
             tab[(r["b"], r["h"], r["s"], r["d"], r["mask"], r["layout"], r["backend"])] = r

@@ -2,7 +2,8 @@
 -- writers' (bench/flash_bench.lua, scripts/peer_torch_sdpa.py with its "JSON " prefixes): the flash table
 -- (issue 6) shows each shape's TFLOP/s, the ratios to PyTorch's FA2 and cuDNN and packed/separate,
 -- computed here from random values, and marks the cells below issue 6's targets; the fused table (issue 5)
--- is unchanged by flash records. Pending without python3.
+-- is unchanged by flash records; both sides' cuDNN versions are named, with a warning when they differ.
+-- Pending without python3.
 package.path = "tests/spec/?.lua;" .. package.path
 local shell = require "shell"
 local q, sh = shell.q, shell.sh
@@ -84,5 +85,37 @@ describe("scripts/bench_compare.py", function()
         assert.are.equal(tgt ~= nil and flash < tgt, marked, line)
       end
     end
+  end)
+  it("names both sides' cuDNN versions and warns when they differ", function()
+    if not have_python() then pending("no python3") return end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. q(dir)))
+    local fo, fp = dir .. "/ours.jsonl", dir .. "/peer.jsonl"
+    local cell = { kind = "attention", b = 4, h = 16, s = 4096, d = 128, mask = "causal", layout = "separate",
+      fwd_tflops = 600, bwd_tflops = 450, fwd_ms = 1, bwd_ms = 2 }
+    local function run(ours_v, peer_v)
+      local a = { rec({ kind = "env", source = "attnlab", device = "H200", cudnn = "cudnn=" .. ours_v .. " cudnn_header=9.19.0 plans=0" }) }
+      local c = {}
+      for k, v in pairs(cell) do c[k] = v end
+      c.source, c.backend = "attnlab", "fused"
+      a[#a + 1] = rec(c)
+      local b = { "JSON " .. rec({ kind = "env", source = "torch", cudnn = peer_v, torch = "2.x" }) }
+      c.source, c.backend = "torch", "torch_cudnn"
+      b[#b + 1] = "JSON " .. rec(c)
+      local f = assert(io.open(fo, "w")); f:write(table.concat(a, "\n"), "\n"); f:close()
+      f = assert(io.open(fp, "w")); f:write(table.concat(b, "\n"), "\n"); f:close()
+      local out, ok = sh("cd " .. q(root) .. " && python3 scripts/bench_compare.py " .. q(fo) .. " " .. q(fp))
+      assert(ok, out)
+      return out
+    end
+    local diff = run("9.14.0", 91900)
+    local same = run("9.19.0", 91900)
+    os.execute("rm -rf " .. q(dir))
+    assert.truthy(diff:find("cuDNN: attnlab 9.14.0, PyTorch 9.19.0", 1, true), diff)
+    assert.truthy(diff:find("WARNING: the two sides ran different cuDNN versions", 1, true), diff)
+    assert.truthy(same:find("cuDNN: attnlab 9.19.0, PyTorch 9.19.0", 1, true), same)
+    assert.falsy(same:find("WARNING", 1, true), same)
+    assert.truthy(same:find("fused/torch_cudnn", 1, true) or same:find("fu/tcd", 1, true), same)
   end)
 end)
