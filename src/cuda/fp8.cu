@@ -59,7 +59,6 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_amax_final_kernel(const doub
     if (threadIdx.x == 0) *res = m;
 }
 
-
 /* ---- contiguous fast paths --------------------------------------------------------------------------
  * The kernels above take any strides and dtypes through a run-time switch and move one element (one byte
  * for FP8) per thread and iteration: on the H200 they ran at 1/5 - 1/7 of the memory bandwidth (session 6,
@@ -68,7 +67,7 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_amax_final_kernel(const doub
  * FP8 codes per thread and iteration with 16-byte loads and stores, the dtype and format being template
  * parameters. Every element gets the generic kernels' bits (and the CPU's): the same double arithmetic,
  * then one correct rounding, by the same software functions or by the hardware converters fed through
- * rounding to odd (al_f64_to_f32_odd below); the #gpu test in fp8_spec compares them bit for bit.
+ * rounding to odd (al_f64_to_f32_odd, numeric/convert.h); the #gpu test in fp8_spec compares them bit for bit.
  * The last partial group of 16 is done element by element by the thread that owns it. */
 #define AL_FP8_VEC 16
 
