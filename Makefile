@@ -179,28 +179,33 @@ TSAN_C_TESTS := $(filter-out $(addprefix %/,$(TSAN_SKIP_C)),$(patsubst $(BUILD)/
 TSAN_ENV     := TSAN_OPTIONS=halt_on_error=0:exitcode=66:allocator_may_return_null=1 OMP_NUM_THREADS=1
 
 .PHONY: test-asan asan-build test-tsan tsan-build fuzz fuzz-build deps-fuzz
+# Shared by test-asan and test-tsan. sanitizer_build: the core library and C tests rebuilt in folder $(1) with the
+# compile and link flags $(2) by target $(3), logged to $(BUILD)/$(4)-build.log; a failed build is one failure
+# of test-$(4). sanitizer_c_tests: the C tests $(2) of folder $(1) under the environment $(3), into its tally.
+define sanitizer_build
+	@mkdir -p $(BUILD)
+	@$(MAKE) --no-print-directory O=$(1) NVCC= CFLAGS="-O1 -g $(2)" \
+		AL_LDLIBS="$(AL_LDLIBS) $(2)" $(3) >$(BUILD)/$(4)-build.log 2>&1 \
+		|| { cat $(BUILD)/$(4)-build.log; echo "test-$(4): 0 passed, 1 failed (sanitizer build failed)"; exit 1; }
+	@rm -f $(1)/test.log
+endef
+define sanitizer_c_tests
+	@for t in $(2); do env $(3) sh scripts/tally.sh run $(1)/test.log $$t; done; true
+endef
 # (internal) what `make test-tsan` builds, in its own O= folder.
 tsan-build: all $(filter-out $(addprefix %/,$(TSAN_SKIP_C)),$(C_TESTS))
 
 # A race makes the program exit 66 (TSAN_OPTIONS), which tally.sh counts as a failure of that program.
 test-tsan:
-	@mkdir -p $(BUILD)
-	@$(MAKE) --no-print-directory O=$(TSAN_O) NVCC= CFLAGS="-O1 -g -fsanitize=thread" \
-		AL_LDLIBS="$(AL_LDLIBS) -fsanitize=thread" tsan-build >$(BUILD)/tsan-build.log 2>&1 \
-		|| { cat $(BUILD)/tsan-build.log; echo "test-tsan: 0 passed, 1 failed (sanitizer build failed)"; exit 1; }
-	@rm -f $(TSAN_O)/test.log
-	@for t in $(TSAN_C_TESTS); do env $(TSAN_ENV) sh scripts/tally.sh run $(TSAN_O)/test.log $$t; done; true
+	$(call sanitizer_build,$(TSAN_O),-fsanitize=thread,tsan-build,tsan)
+	$(call sanitizer_c_tests,$(TSAN_O),$(TSAN_C_TESTS),$(TSAN_ENV))
 	@sh scripts/tally.sh $(TSAN_O)/test.log
 # (internal) what the sanitizer build of `make test-asan` makes, in its own O= folder.
 asan-build: all $(C_TESTS)
 
 test-asan:
-	@mkdir -p $(BUILD)
-	@$(MAKE) --no-print-directory O=$(ASAN_O) NVCC= CFLAGS="-O1 -g $(ASAN_FLAGS)" \
-		AL_LDLIBS="$(AL_LDLIBS) $(ASAN_FLAGS)" asan-build >$(BUILD)/asan-build.log 2>&1 \
-		|| { cat $(BUILD)/asan-build.log; echo "test-asan: 0 passed, 1 failed (sanitizer build failed)"; exit 1; }
-	@rm -f $(ASAN_O)/test.log
-	@for t in $(ASAN_C_TESTS); do env $(ASAN_ENV) sh scripts/tally.sh run $(ASAN_O)/test.log $$t; done; true
+	$(call sanitizer_build,$(ASAN_O),$(ASAN_FLAGS),asan-build,asan)
+	$(call sanitizer_c_tests,$(ASAN_O),$(ASAN_C_TESTS),$(ASAN_ENV))
 	@for f in $(ASAN_SPEC_FILES); do echo "== $$f (asan)"; \
 		sh scripts/tally.sh run $(ASAN_O)/test.log env LD_PRELOAD=$(ASAN_RT) $(ASAN_ENV) \
 		ATTNLAB_LIBDIR=$(abspath $(ASAN_O)/lib) LUA_PATH="$(CURDIR)/lua/?.lua;$(CURDIR)/lua/?/init.lua;$${LUA_PATH:-;}" \

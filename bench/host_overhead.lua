@@ -20,7 +20,7 @@ Run: ATTNLAB_LIBDIR=lib LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/host_
 With ATTNLAB_BENCH_OUT=/path the figures are also appended as JSON lines (kind = "host_phase").
 With ATTNLAB_HOST_PROFILE=1 (or the older ATTNLAB_FUSED_PROFILE=1) the backends time their own stages
 and the run ends with their means per call (al.cuda.backend_info): the fused forward's outputs, key, plan
-lookup, aux + workspace, bind = variant pack + cuDNN's execute, tail; the flash forward's begin, outputs,
+lookup, aux + workspace, variant pack, cuDNN's execute, rest (of the binding), tail; the flash forward's begin, outputs,
 params, tmaps (TMA descriptors), lookup (kernel function), launch, tail.
 A floor for comparison: "one kernel" times t:fill_(x) on a 16-element cuda tensor, the cheapest Lua call
 that launches one kernel.

@@ -817,27 +817,13 @@ static int32_t fused_supports(const al_attn_plan *pl, char *reason, size_t n) {
 
 /* ---- forward -------------------------------------------------------------------------------------- */
 /* ---- host profile of the forward (ATTNLAB_HOST_PROFILE=1, host_profile.h) ------------------------------
- * Issue 5's host-overhead target (<= 5 us per cached call) needs to know where the time goes: with the
- * variable set (read once), fused_forward notes the clock at each stage boundary and adds the stages'
- * wall times into g_prof_ns at the end (under g_lock), al_dnn_execute splits "bind" into the variant
- * pack's build and cuDNN's execute (al_dnn_prof_ns), and al_fused_info reports the means per call.
- * Off: one predictable branch per stage. */
-enum { FP_OUTPUTS, FP_SETUP, FP_PLAN, FP_AUX, FP_BIND, FP_TAIL, FP_N };
-static const char *const g_prof_name[FP_N] = {"outputs", "key", "plan", "aux+ws", "bind", "tail"};
-static double g_prof_ns[FP_N], g_prof_dnn[2];
-static int64_t g_prof_calls;
-
-int al_fz_profile_on(void) { return al_hprof_on(); }   /* host_profile.h: ATTNLAB_HOST_PROFILE / _FUSED_PROFILE */
-
-double al_fz_now_ns(void) { return al_hprof_now(); }
-
-/* t[0..FP_N] are the stage boundaries of one call: added under g_lock */
-static void prof_record(const double *t) {
-    pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < FP_N; i++) g_prof_ns[i] += t[i + 1] - t[i];
-    g_prof_calls++;
-    pthread_mutex_unlock(&g_lock);
-}
+ * Issue 5's host-overhead target (<= 5 us per cached call) needs to know where the time goes: fused_forward
+ * notes the clock at each stage boundary; al_dnn_execute's own clock readings (al_dnn_prof_ns) split the
+ * binding into the variant pack's build and cuDNN's execute ("rest": the remainder of run_entry);
+ * al_fused_info appends the means per call. Off: one predictable branch per stage. */
+enum { FP_OUTPUTS, FP_SETUP, FP_PLAN, FP_AUX, FP_PACK, FP_EXEC, FP_REST, FP_TAIL, FP_N };
+static al_hprof g_fwd_prof = {"fused forward", FP_N, {"outputs", "key", "plan", "aux+ws", "pack", "execute", "rest", "tail"},
+                              {0}, 0};
 
 static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse, al_tensor *max_logit) {
     if (pl->in.fp8) return al_fz8_forward(pl, out, lse, max_logit);
@@ -850,13 +836,13 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     for (int d = 0; d < nd; d++) osize[d] = q->size[d];
     osize[nd - 1] = p->d_v;
     int64_t lsize[3] = {p->b, p->h, p->sq};
-    const int prof = al_fz_profile_on();
+    const int prof = al_hprof_on();
     double pt[FP_N + 1];
-    if (prof) pt[0] = al_fz_now_ns();
+    if (prof) pt[0] = al_hprof_now();
     AL_TRY(al_tensor_empty(out, nd, osize, q->dtype, AL_DEVICE_CUDA, dev));
     al_status s = al_tensor_empty(lse, 3, lsize, AL_DTYPE_F32, AL_DEVICE_CUDA, dev);
     if (s != AL_OK) { al_tensor_release(out); return s; }
-    if (prof) pt[FP_OUTPUTS + 1] = al_fz_now_ns();
+    if (prof) pt[FP_OUTPUTS + 1] = al_hprof_now();
 
     fz_call *c = (fz_call *)calloc(1, sizeof *c);
     fz_aux *a = (fz_aux *)malloc(sizeof *a);
@@ -875,7 +861,7 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     cudaStream_t stream;
     void *ws = NULL;
     fz_entry *e = NULL;
-    if (prof) pt[FP_SETUP + 1] = al_fz_now_ns();
+    if (prof) pt[FP_SETUP + 1] = al_hprof_now();
     pthread_mutex_lock(&g_lock);
     cudnnHandle_t handle;
     s = get_handle_stream(dev, &handle, &stream);
@@ -883,12 +869,12 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
         e = cache_get(&c->key, handle);
         if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "attention (fused): cuDNN refused the forward graph: %s", e->reason);
     }
-    if (prof) pt[FP_PLAN + 1] = al_fz_now_ns();
+    if (prof) pt[FP_PLAN + 1] = al_hprof_now();
     if (s == AL_OK) s = aux_upload(c, a);
     if (s == AL_OK && e->ws > 0) s = al_cu_malloc(dev, e->ws, &ws);
     if (s == AL_OK && c->su.padding)
         s = AL_CUDA_ST(cudaMemsetAsync(al_tensor_data_ptr(out), 0, (size_t)(al_tensor_numel(out) * al_dtype_size(out->dtype)), stream));
-    if (prof) pt[FP_AUX + 1] = al_fz_now_ns();
+    if (prof) pt[FP_AUX + 1] = al_hprof_now();
     if (s == AL_OK) {
         for (int r = R_Q; r <= R_O; r++) c->ptr[U_Q + r] = al_tensor_data_ptr(c->t[r]);
         c->ptr[U_STATS] = al_tensor_data_ptr(lse);
@@ -896,12 +882,12 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
         set_scalars(c, e);
         const double d0 = prof ? al_dnn_prof_ns[0] : 0.0, d1 = prof ? al_dnn_prof_ns[1] : 0.0;
         s = run_entry(handle, e, c, ws);
-        if (prof) {   /* g_lock held */
-            g_prof_dnn[0] += al_dnn_prof_ns[0] - d0;
-            g_prof_dnn[1] += al_dnn_prof_ns[1] - d1;
+        if (prof) {   /* the pack and the execute as stages, run_entry's remainder after them */
+            pt[FP_PACK + 1] = pt[FP_AUX + 1] + (al_dnn_prof_ns[0] - d0);
+            pt[FP_EXEC + 1] = pt[FP_PACK + 1] + (al_dnn_prof_ns[1] - d1);
         }
     }
-    if (prof) pt[FP_BIND + 1] = al_fz_now_ns();
+    if (prof) pt[FP_REST + 1] = al_hprof_now();
     if (s == AL_OK && c->su.padding) {
         int64_t nrow = p->b * p->h * p->sq;
         if (nrow > 0) {
@@ -917,8 +903,8 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     free(c);
     if (s != AL_OK) { al_tensor_release(out); al_tensor_release(lse); }
     if (prof && s == AL_OK) {
-        pt[FP_TAIL + 1] = al_fz_now_ns();
-        prof_record(pt);
+        pt[FP_TAIL + 1] = al_hprof_now();
+        al_hprof_add(&g_fwd_prof, pt);
     }
     return s;
 }
@@ -1066,23 +1052,11 @@ extern "C" __attribute__((visibility("default"))) int64_t al_fused_info(char *bu
     int cached = 0;
     for (int i = 0; i < FZ_CACHE_CAP; i++) cached += g_cache[i].used && g_cache[i].plan;
     int64_t builds = g_builds;
-    double ns[FP_N], dnn[2];
-    const int64_t calls = g_prof_calls;
-    memcpy(ns, g_prof_ns, sizeof ns);
-    memcpy(dnn, g_prof_dnn, sizeof dnn);
     pthread_mutex_unlock(&g_lock);
     if (buf && n > 0) {
         int u = snprintf(buf, (size_t)n, "cudnn=%s cudnn_header=%d.%d.%d plans=%d builds=%lld fp8_builds=%lld", v,
                          CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, cached, (long long)builds, (long long)al_fz8_builds());
-        if (calls > 0 && u > 0 && u < n) {   /* ATTNLAB_FUSED_PROFILE=1: mean microseconds per forward call */
-            u += snprintf(buf + u, (size_t)(n - u), "\nhost profile (ATTNLAB_HOST_PROFILE=1), fused forward: %lld calls, us per call:",
-                          (long long)calls);
-            for (int i = 0; i < FP_N && u > 0 && u < n; i++)
-                u += snprintf(buf + u, (size_t)(n - u), " %s %.2f", g_prof_name[i], ns[i] / 1e3 / (double)calls);
-            if (u > 0 && u < n)   /* bind = the variant pack + cuDNN's execute + the rest of run_entry */
-                snprintf(buf + u, (size_t)(n - u), " (of bind: variant pack %.2f, execute %.2f)", dnn[0] / 1e3 / (double)calls,
-                         dnn[1] / 1e3 / (double)calls);
-        }
+        if (u > 0 && u < n) al_hprof_format(&g_fwd_prof, buf, (size_t)u, (size_t)n);   /* ATTNLAB_HOST_PROFILE=1 */
     }
     return builds;
 }

@@ -5,6 +5,7 @@
  * graph, and execution through a variant pack.
  */
 #include "cuda/cudnn_graph.h"
+#include "cuda/host_profile.h"
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -281,14 +282,14 @@ al_status al_dnn_build_plan(al_dnn_graph *g, cudnnHandle_t handle, al_dnn *plan,
     return AL_OK;
 }
 
-/* ATTNLAB_FUSED_PROFILE=1 (attn_fused.cu's host profile): the variant pack's build and the execute, timed,
+/* ATTNLAB_HOST_PROFILE=1 (attn_fused.cu's host profile): the variant pack's build and the execute, timed,
  * per thread (the caller takes the difference around its own call) */
 __thread double al_dnn_prof_ns[2];
 
 al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, const int64_t *uids, void *const *ptrs,
                          void *workspace) {
-    const int prof = al_fz_profile_on();
-    const double t0 = prof ? al_fz_now_ns() : 0.0;
+    const int prof = al_hprof_on();
+    const double t0 = prof ? al_hprof_now() : 0.0;
     double t1 = 0.0;
     al_dnn vp = NULL;
     AL_DNN_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp), "create variant pack");
@@ -303,11 +304,11 @@ al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, const int64_t
         what = "variant pack workspace";
     }
     if (s == CUDNN_STATUS_SUCCESS) { s = cudnnBackendFinalize(vp); what = "finalize variant pack"; }
-    if (prof) t1 = al_fz_now_ns();
+    if (prof) t1 = al_hprof_now();
     if (s == CUDNN_STATUS_SUCCESS) { s = cudnnBackendExecute(handle, plan, vp); what = "execute"; }
     cudnnBackendDestroyDescriptor(vp);
     if (prof) {
-        const double t2 = al_fz_now_ns();
+        const double t2 = al_hprof_now();
         al_dnn_prof_ns[0] += t1 - t0;
         al_dnn_prof_ns[1] += t2 - t1;
     }

@@ -73,11 +73,7 @@ AL_CU_HIDDEN al_status al_dnn_build_plan(al_dnn_graph *g, cudnnHandle_t handle, 
 AL_CU_HIDDEN al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, const int64_t *uids,
                                       void *const *ptrs, void *workspace);
 
-/* ---- host profile (ATTNLAB_FUSED_PROFILE=1, read once): where a cached fused call's host time goes ----- */
-/* 1 when ATTNLAB_FUSED_PROFILE is set to something other than 0 */
-AL_CU_HIDDEN int al_fz_profile_on(void);
-/* CLOCK_MONOTONIC in nanoseconds */
-AL_CU_HIDDEN double al_fz_now_ns(void);
+/* ---- host profile (ATTNLAB_HOST_PROFILE=1, host_profile.h): where a cached fused call's host time goes ----- */
 /* al_dnn_execute's share, summed per thread: [0] building and finalising the variant pack, [1]
  * cudnnBackendExecute and the pack's destruction */
 extern __thread double al_dnn_prof_ns[2];

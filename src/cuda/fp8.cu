@@ -211,13 +211,12 @@ static al_status cu_amax(const al_tensor *x, double *amax) {
     al_td t = al_td_from(x);
     int64_t n = al_td_numel(&t);
     al_td_coalesce(1, &t);
-    const int vec = al_half_or_f32(x->dtype) && al_td_dense16(t, al_dtype_size(x->dtype));
-    unsigned grid = vec ? al_vec_grid(dev, n) : al_cu_grid(dev, n);
+    const char *dense = al_half_or_f32(x->dtype) ? al_td_dense16(t, al_dtype_size(x->dtype)) : NULL;
+    unsigned grid = dense ? al_vec_grid(dev, n) : al_cu_grid(dev, n);
     int64_t nbytes = (int64_t)sizeof(double) * ((int64_t)grid + 1);
     double *buf = NULL;
     AL_TRY(al_cu_malloc(dev, nbytes, (void **)&buf));
     al_status st;
-    const char *dense = al_half_or_f32(x->dtype) ? al_td_dense16(t, al_dtype_size(x->dtype)) : NULL;
     if (dense && x->dtype == AL_DTYPE_F32) al_amax_vec_kernel<AL_DTYPE_F32, float><<<grid, AL_CU_THREADS, 0, s>>>(dense, n, buf);
     else if (dense && x->dtype == AL_DTYPE_F16) al_amax_vec_kernel<AL_DTYPE_F16, float><<<grid, AL_CU_THREADS, 0, s>>>(dense, n, buf);
     else if (dense) al_amax_vec_kernel<AL_DTYPE_BF16, float><<<grid, AL_CU_THREADS, 0, s>>>(dense, n, buf);
