@@ -503,6 +503,10 @@ typedef struct al_attn_variant {
      * which it needs when they are not). */
     const al_tensor *block_mask;
     int64_t block_m, block_n;
+    /* 1 = the block mask holds more non-empty tiles in later query blocks (causal-like masks): the flash
+     * forward then launches its query blocks last first, so the longest rows start first and the grid's
+     * tail is short (what it does for built-in causal). 0 = in order. Set by al.attention.block_mask. */
+    int32_t block_order;
 } al_attn_variant;
 
 /* Tensor arguments (NULL = absent). */

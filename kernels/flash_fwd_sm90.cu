@@ -130,7 +130,9 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
-    const int m_block = AL_MASK_KIND == 1 ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    /* causal (and block masks whose later rows hold more tiles): the longest rows first, a short tail */
+    const int m_block = (AL_MASK_KIND == 1 || (AL_BLOCK_MASK && p.m_reverse)) ? (int)(gridDim.x - 1 - blockIdx.x)
+                                                                             : (int)blockIdx.x;
     const int h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (p.H / p.HG);
     const al_fl_seq s = al_fl_seq_make(p, b, h);

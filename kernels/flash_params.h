@@ -18,7 +18,8 @@ typedef struct al_flash_op {
     void *ptr;
     long long sb, st, sh, sc;   /* elements */
     int dtype;                  /* AL_FLASH_DT_* (only read for the generic loads/stores) */
-    int pad_;
+    int m_reverse;                       /* block-mask variants: 1 = launch query blocks last first
+                                            (al_attn_variant.block_order); the default kernels ignore it */
 } al_flash_op;
 
 /* dtype codes (the core's al_dtype numbers, repeated so the kernels need no header) */
@@ -44,7 +45,8 @@ typedef struct al_flash_params {
     int nsplit;                          /* dq_acc buffers (1, or the grid's x extent when deterministic) */
     int B, H, HG, SQ, SKV;
     int wl, wr;                          /* window (window mask kind only), -1 = unbounded */
-    int pad_;
+    int m_reverse;                       /* block-mask variants: 1 = launch query blocks last first
+                                            (al_attn_variant.block_order); the default kernels ignore it */
     float scale;                         /* softmax scale */
     float scale_log2;                    /* scale * log2(e) */
     /* variants (score_mod / mask_mod, flash_common.cuh's hooks; only variant specialisations read

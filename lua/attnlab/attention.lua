@@ -461,6 +461,7 @@ local function cuda_variant(al, fname, v, q, bm, keep)
     keep[#keep + 1] = t
     vs.block_mask = t.raw
     vs.block_m, vs.block_n = bm.block_m, bm.block_n
+    vs.block_order = bm.heavy_last and 1 or 0
   end
   return vs
 end

@@ -1335,6 +1335,8 @@ end
 ]]
   local tile_fn = load_chunk(src, "block_mask")(v.cpu_caps_ptrs, v.pos, error, string.format)
   local counts = { [0] = 0, 0, 0 }
+  local row_work = {}                        -- non-empty tiles per query block, over b and h
+  for ti = 0, nm - 1 do row_work[ti] = 0 end
   local box = { b = { 0, 0 }, h = { 0, 0 }, q = { 0, 0 }, kv = { 0, 0 } }
   local brute = 0
   for b = 0, bb - 1 do
@@ -1357,12 +1359,18 @@ end
           end
           mp[((b * hb + h) * nm + ti) * nn + tj] = cls
           counts[cls] = counts[cls] + 1
+          if cls ~= 0 then row_work[ti] = row_work[ti] + 1 end
         end
       end
     end
   end
+  -- heavy_last: later query blocks hold more non-empty tiles (work correlates positively with the block index,
+  -- as for causal and prefix-LM masks); the flash forward then launches the query blocks last first
+  local tilt = 0
+  for ti = 0, nm - 1 do tilt = tilt + (ti - (nm - 1) / 2) * row_work[ti] end
   return setmetatable({ mask = mask, block_m = bm, block_n = bn, B = B, H = H, Sq = Sq, Skv = Skv, bb = bb, hb = hb,
-    nm = nm, nn = nn, counts = counts, ntiles = bb * hb * nm * nn, brute_tiles = brute, mask_mod = mask_mod }, BlockMask)
+    nm = nm, nn = nn, counts = counts, ntiles = bb * hb * nm * nn, brute_tiles = brute, mask_mod = mask_mod,
+    heavy_last = tilt > 0 }, BlockMask)
 end
 
 function M.is_block_mask(x) return type(x) == "table" and getmetatable(x) == BlockMask end

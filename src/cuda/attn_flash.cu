@@ -449,6 +449,7 @@ static al_status fl_params(fl_ctx *c, const al_attn_plan *pl, al_flash_params *p
             prm->bm_sn = pl->bmask_stride[3];
             prm->bm_block_m = (int)var->block_m;
             prm->bm_block_n = (int)var->block_n;
+            prm->m_reverse = var->block_order ? 1 : 0;
         }
     }
     const int thd = fmt == AL_ATTN_FORMAT_THD;

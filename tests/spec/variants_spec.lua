@@ -446,6 +446,14 @@ describe("variants: block masks", function()
       block_mask = al.attention.block_mask(causal, 1, 1, 12, 16, { block = 4 }) }))
     assert.truthy(e:find("block_mask: built for", 1, true), e)
   end)
+
+  it("notes whether later query blocks hold more tiles (the flash forward then starts them first)", function()
+    local mk = function(f) return al.attention.block_mask(f, 1, 2, 1024, 1024, { block = 128 }) end
+    assert.is_true(mk(function(b, h, q, kv) return al.ge(q, kv) end).heavy_last)           -- causal
+    assert.is_true(mk(function(b, h, q, kv) return al.lor(al.le(kv, 256), al.ge(q, kv)) end).heavy_last)   -- prefix-LM
+    assert.is_false(mk(function(b, h, q, kv) return al.le(q, kv) end).heavy_last)           -- anti-causal
+    assert.is_false(mk(function(b, h, q, kv) return al.ge(kv, 1) end).heavy_last)           -- every tile: no tilt
+  end)
 end)
 
 describe("variants: integration", function()
