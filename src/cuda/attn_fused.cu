@@ -1083,6 +1083,7 @@ extern "C" __attribute__((visibility("default"))) int64_t al_fused_info(char *bu
                 snprintf(buf + u, (size_t)(n - u), " (of bind: variant pack %.2f, execute %.2f)", dnn[0] / 1e3 / (double)calls,
                          dnn[1] / 1e3 / (double)calls);
         }
+        al_fz8_profile_format(buf, strlen(buf), (size_t)n);
     }
     return builds;
 }
