@@ -14,6 +14,8 @@
 -- FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x forward. Timing: al.cuda.Event
 -- around N calls after warm-up. With ATTNLAB_BENCH_OUT=/path the rows are appended as JSON lines.
 -- Without a usable GPU (or below sm_90) the bench says so and exits 0.
+-- With ATTNLAB_HOST_PROFILE=1 the run ends with the FP8 forward's host stages per call (outputs, plan, exec,
+-- readback = the amax copy that waits for the graph, dequant): where a call's time beyond its kernels goes.
 -- Usage: luajit bench/fp8_attention.lua [--quick]
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
@@ -125,4 +127,10 @@ for _, sh in ipairs(SHAPES) do
   q, k, v, dout = nil, nil, nil, nil
   collectgarbage()
   al.cuda.empty_cache()
+end
+local hp = os.getenv("ATTNLAB_HOST_PROFILE")
+if hp and hp ~= "" and hp ~= "0" then
+  for line in (al.cuda.backend_info("fused") or ""):gmatch("[^\n]+") do
+    if line:match("^host profile") then print(line) end
+  end
 end

@@ -1056,7 +1056,8 @@ extern "C" __attribute__((visibility("default"))) int64_t al_fused_info(char *bu
     if (buf && n > 0) {
         int u = snprintf(buf, (size_t)n, "cudnn=%s cudnn_header=%d.%d.%d plans=%d builds=%lld fp8_builds=%lld", v,
                          CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, cached, (long long)builds, (long long)al_fz8_builds());
-        if (u > 0 && u < n) al_hprof_format(&g_fwd_prof, buf, (size_t)u, (size_t)n);   /* ATTNLAB_HOST_PROFILE=1 */
+        if (u > 0 && u < n) u = (int)al_hprof_format(&g_fwd_prof, buf, (size_t)u, (size_t)n);   /* ATTNLAB_HOST_PROFILE=1 */
+        if (u > 0 && u < n) al_fz8_profile_format(buf, (size_t)u, (size_t)n);
     }
     return builds;
 }

@@ -49,6 +49,7 @@
  * reason. Scales and pointers are not in the key.
  */
 #include "cuda/attn_fused_fp8.h"
+#include "cuda/host_profile.h"
 #include "cuda/cudnn_graph.h"
 #include "numeric/fp8_scale.h"
 #include <math.h>
@@ -406,7 +407,7 @@ static void run_free(f8_run *r) {
 }
 
 /* upload the scalars, execute, read the amaxes back (synchronises the stream) */
-static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn) {
+static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn, double *t_exec) {
     char host[NSC * SC_SLOT];
     memset(host, 0, sizeof host);
     for (int i = 0; i < NSC; i++) memcpy(host + i * SC_SLOT, &r->sc[i], sizeof(float));
@@ -418,6 +419,7 @@ static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, co
         if (!ptrs[i]) return al_error(AL_ERR_INTERNAL, "%s: no data pointer for cuDNN tensor uid %lld", fn, (long long)u);
     }
     AL_TRY(al_dnn_execute(handle, e->plan, e->nuids, e->uids, ptrs, r->ws));
+    if (t_exec) *t_exec = al_hprof_now();   /* the read-back below waits for the graph */
     AL_TRY(al_cu_memcpy_d2h(r->dev, host, r->dsc, sizeof host));
     for (int i = 0; i < NSC; i++) memcpy(&r->sc[i], host + i * SC_SLOT, sizeof(float));
     return AL_OK;
@@ -529,6 +531,15 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
 #undef NO
 
 /* ---- forward ---------------------------------------------------------------------------------- */
+/* host profile of the forward (ATTNLAB_HOST_PROFILE=1, host_profile.h): outputs (O in FP8, LSE), plan (lock, key,
+ * cache, scalars and workspace), exec (upload the scalars, cuDNN's execute), readback (the amaxes' copy back,
+ * which waits for the graph to finish: GPU time shows up here), dequant (O into the caller's dtype); the means
+ * per call end al_fused_info's text */
+enum { F8P_OUTPUTS, F8P_PLAN, F8P_EXEC, F8P_READBACK, F8P_DEQUANT, F8P_N };
+static al_hprof g_f8_fwd_prof = {"fused fp8 forward", F8P_N, {"outputs", "plan", "exec", "readback", "dequant"}, {0}, 0};
+
+size_t al_fz8_profile_format(char *buf, size_t u, size_t n) { return al_hprof_format(&g_f8_fwd_prof, buf, u, n); }
+
 al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse, al_tensor *max_logit) {
     const char *fn = "attention (fused, fp8)";
     const al_attn_params *p = &pl->p;
@@ -543,9 +554,13 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     int64_t lsize[3] = {p->b, p->h, p->sq};
     al_tensor o8;
     memset(&o8, 0, sizeof o8);
+    const int prof = al_hprof_on();
+    double pt[F8P_N + 1];
+    if (prof) pt[0] = al_hprof_now();
     AL_TRY(al_tensor_empty(&o8, nd, osize, q->dtype, AL_DEVICE_CUDA, dev));
     al_status s = al_tensor_empty(lse, 3, lsize, AL_DTYPE_F32, AL_DEVICE_CUDA, dev);
     if (s != AL_OK) { al_tensor_release(&o8); return s; }
+    if (prof) pt[F8P_OUTPUTS + 1] = al_hprof_now();
 
     const al_tensor *t[NROLE] = {q, pl->in.k, pl->in.v, &o8, NULL, NULL, NULL, NULL};
     f8_key key;
@@ -564,6 +579,8 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN refused the FP8 forward graph: %s", fn, e->reason);
     }
     if (s == AL_OK) s = run_alloc(&r, dev, e);
+    if (prof) pt[F8P_PLAN + 1] = al_hprof_now();
+    int runs = 0;
     if (s == AL_OK) {
         const al_tensor *io[4] = {q, pl->in.k, pl->in.v, &o8};
         for (int i = 0; i < 4; i++) r.ptr[U_Q + i] = al_tensor_data_ptr(io[i]);
@@ -574,21 +591,28 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         SC(U_DESC_S) = (float)(1.0 / sS);
         /* current scaling of O: a first run measures amax_O (its O is discarded) */
         SC(U_SCALE_O) = so > 0.0 ? (float)so : 1.0f;
-        s = run_once(&r, handle, e, fn);
+        s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL);
+        runs = 1;
         if (s == AL_OK && so == 0.0) {
+            runs = 2;
             /* report the amax the scale came from (a rerun could differ in the last bits) */
             float am_o = SC(U_AMAX_O);
             so = al_fp8_current_scale(qmax, (double)am_o, exp2(f->margin));
             SC(U_SCALE_O) = (float)so;
-            s = run_once(&r, handle, e, fn);
+            s = run_once(&r, handle, e, fn, NULL);
             SC(U_AMAX_O) = am_o;
         }
     }
     pthread_mutex_unlock(&g_lock);
     run_free(&r);
+    if (prof) pt[F8P_READBACK + 1] = al_hprof_now();
     /* O into the caller's dtype: decode(code) / scale_O, rounded once */
     if (s == AL_OK) s = al_fp8_dequantize(out, &o8, 1.0 / (double)(float)so, f->out_dtype);
     al_tensor_release(&o8);
+    if (prof && s == AL_OK && runs == 1) {   /* (a current-scaled O runs the graph twice: not profiled) */
+        pt[F8P_DEQUANT + 1] = al_hprof_now();
+        al_hprof_add(&g_f8_fwd_prof, pt);
+    }
     if (s == AL_OK) {
         f->amax[AL_FP8_SLOT_S] = (double)SC(U_AMAX_S);
         f->amax[AL_FP8_SLOT_O] = (double)SC(U_AMAX_O);
@@ -694,13 +718,13 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
             SC(U_DESC_DP) = (float)(a / sdP);
             float g0 = sg > 0.0 ? (float)sg : 1.0f;
             SC(U_SCALE_DQ) = SC(U_SCALE_DK) = SC(U_SCALE_DV) = g0;
-            s = run_once(&r, handle, e, fn);
+            s = run_once(&r, handle, e, fn, NULL);
             if (s == AL_OK && sg == 0.0) {   /* current dQKV scaling: the first run measured the amaxes */
                 float am3[3] = {SC(U_AMAX_DQ), SC(U_AMAX_DK), SC(U_AMAX_DV)};
                 double m = fmax(fmax((double)am3[0], (double)am3[1]), (double)am3[2]);
                 sg = al_fp8_current_scale(bmax, m, p2);
                 SC(U_SCALE_DQ) = SC(U_SCALE_DK) = SC(U_SCALE_DV) = (float)sg;
-                s = run_once(&r, handle, e, fn);
+                s = run_once(&r, handle, e, fn, NULL);
                 /* report the amaxes the scale came from (dQ may accumulate in another order) */
                 SC(U_AMAX_DQ) = am3[0]; SC(U_AMAX_DK) = am3[1]; SC(U_AMAX_DV) = am3[2];
             }

@@ -18,5 +18,7 @@ AL_CU_HIDDEN al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *
                                        const al_tensor *lse, al_tensor *dq, al_tensor *dk, al_tensor *dv);
 /* FP8 plans built so far (al_fused_info reports it). */
 AL_CU_HIDDEN int64_t al_fz8_builds(void);
+/* append the FP8 forward's host profile (ATTNLAB_HOST_PROFILE=1) to buf (u characters of n used); the new length */
+AL_CU_HIDDEN size_t al_fz8_profile_format(char *buf, size_t u, size_t n);
 
 #endif /* ATTNLAB_CUDA_ATTN_FUSED_FP8_H */
