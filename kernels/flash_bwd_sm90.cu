@@ -210,6 +210,19 @@ AL_DEV void b90_ss_vn(float *acc, al_u32 own, al_u32 tile, int r0) {
 #define B90_KIND_OF(j) 1
 #endif
 
+/* 1 when every element of the box (queries [q_lo, q_hi), keys [k_lo, k_hi), sequence-local) is inside the
+ * lengths and the causal/window band, i.e. al_fl_valid(s, i, j, 0) holds for all of it (uniform per tile) */
+AL_DEV int b90_box_inside(const al_fl_seq &s, int q_lo, int q_hi, int k_lo, int k_hi) {
+    int in = q_hi <= s.q_len && k_hi <= s.kv_len;
+#if AL_MASK_KIND != 0
+    if (s.wl >= 0) in &= k_lo >= q_hi - 1 + s.diag - s.wl;
+    if (s.wr >= 0) in &= k_hi - 1 <= q_lo + s.diag + s.wr;
+#endif
+    (void)q_lo;
+    (void)k_lo;
+    return in;
+}
+
 #if AL_SM90_ROLE == 0
 #define B90_NAME al_flash_bwd_sm90_dkdv
 #else
@@ -516,10 +529,19 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         /* a mask_mod-only variant: the tile's keep bits (element e of n8 tile t: bit 4 t + e), evaluated before
          * S is live, so mask_mod's capture reads do not add to the P step's register peak (there the
          * document mask spilled 4 bytes in the d=128 dK/dV kernel). mask_mod runs in partial blocks (1), not
-         * in full ones (2); the hooks' h is the tile's query head (role 0 streams the heads of a GQA group). */
-        unsigned keep = 0;
-        {
-            const int mod_on = B90_KIND_OF(j) == 1;
+         * in full ones (2); the hooks' h is the tile's query head (role 0 streams the heads of a GQA group).
+         * A full block whose whole box lies inside the lengths (and the band) keeps every element: no per-element
+         * loop. Before, it ran on every tile, serially ahead of the S product, and causal through mask_mod + a
+         * block mask took 1.17-1.22x built-in causal's backward (ncu, 2x16x8192x128: dK/dV 3.87 vs 2.93 ms). */
+        unsigned keep = ~0u;
+        const int mod_on = B90_KIND_OF(j) == 1;
+#if AL_SM90_ROLE == 0
+        const int box_in = b90_box_inside(s, c0, c0 + BN, own0, own0 + R);
+#else
+        const int box_in = b90_box_inside(s, own0, own0 + R, c0, c0 + BN);
+#endif
+        if (mod_on || !box_in) {
+            keep = 0;
 #if AL_SM90_ROLE == 0
             al_fl_seq sv = s;
             sv.h = hq;
