@@ -561,6 +561,9 @@ float al_attn_dropout_uniform(uint64_t seed, uint64_t offset, uint64_t idx);
  * ------------------------------------------------------------------------------------------- */
 /* max |x| over every element of any view (f64 result; NaN if any element is NaN; 0 for no elements). */
 al_status al_amax(const al_tensor *x, double *amax);
+/* out (new, f64 [1], on x's device) = the same amax, left on the device: on a GPU the call only queues
+ * the kernels (no stream sync), so a recipe can read it later (delayed scaling). */
+al_status al_amax_tensor(al_tensor *out, const al_tensor *x);
 /* out (new, contiguous, x's shape and device, dtype = format) = fp8(x * scale). */
 al_status al_fp8_quantize(al_tensor *out, const al_tensor *x, int32_t format, double scale);
 /* out (new, contiguous, dtype a float type) = decode(q) * scale_inv, rounded once to dtype. */
@@ -611,8 +614,15 @@ struct al_attn_fp8 {
     const al_tensor *v_descale;  /* per-token descales of FP8 v: f32, shape v.shape[:-2], or NULL */
     double  amax[6];             /* out: amax per slot of this call (forward fills S, O; backward dO, dP, dQKV) */
     double  scale_used[6];       /* out: the scale each quantised slot used (O: 0 when per token) */
+    int32_t amax_deferred;       /* in: 1 = the call may return before its amaxes are known (the fused GPU
+                                    forward with every scale given: no stream sync); amax[] then holds NaN
+                                    until al_attn_fp8_settle(f). 0 (default): amax[] is filled on return */
+    void   *pending;             /* out: non-NULL while deferred amaxes are outstanding (opaque) */
 };
 void al_attn_fp8_init(al_attn_fp8 *f);
+/* Waits for the deferred amaxes of the last call made with f (if any), writes them into f->amax and
+ * clears f->pending. A no-op when nothing is pending. Safe as a finaliser (releases what it holds). */
+void al_attn_fp8_settle(al_attn_fp8 *f);
 
 /* AL_FFI_END */
 

@@ -163,6 +163,21 @@ AL_EXPORT void al_attn_fp8_init(al_attn_fp8 *f) {
     for (int i = 0; i < 6; i++) f->scale[i] = 1.0;
 }
 
+/* A new call on the same FP8 settings supersedes amaxes still pending from the last one (as a synchronous
+ * call overwrites f->amax); the backend's record is released once its copy has landed. */
+static void fp8_drop_pending(al_attn_fp8 *f) {
+    if (!f || !f->pending) return;
+    al_fp8_pending *p = (al_fp8_pending *)f->pending;
+    f->pending = NULL;
+    p->drop(p);
+}
+
+AL_EXPORT void al_attn_fp8_settle(al_attn_fp8 *f) {
+    if (!f || !f->pending) return;
+    al_fp8_pending *p = (al_fp8_pending *)f->pending;
+    p->settle(p, f);   /* clears f->pending */
+}
+
 /* Read a cu_seqlens tensor: i32, 1-d, b+1 entries, monotone, starting at 0, last <= limit. */
 static al_status read_cu(const char *arg, const al_tensor *t, int64_t b, int64_t limit, const char *limit_what,
                          int64_t *vals) {
@@ -812,6 +827,7 @@ AL_EXPORT al_status al_attn_forward(const al_attn_params *p, const al_attn_input
     if (lse) memset(lse, 0, sizeof *lse);
     if (max_logit) memset(max_logit, 0, sizeof *max_logit);
     if (!out || !lse) return al_error(AL_ERR_ARG, "attention_forward: out and lse must not be NULL");
+    if (in) fp8_drop_pending(in->fp8);
     al_attn_plan pl;
     AL_TRY(plan_build(&pl, p, in));
     if (pl.p.return_max_logit && !max_logit) {
@@ -845,6 +861,7 @@ AL_EXPORT al_status al_attn_backward(const al_attn_params *p, const al_attn_inpu
     if (d_softmax_offset) memset(d_softmax_offset, 0, sizeof *d_softmax_offset);
     if (!out || !dout || !lse || !dq || !dk || !dv)
         return al_error(AL_ERR_ARG, "attention_backward: out, dout, lse, dq, dk and dv must not be NULL");
+    if (in) fp8_drop_pending(in->fp8);
     al_attn_plan pl;
     AL_TRY(plan_build(&pl, p, in));
     al_status s = AL_OK;

@@ -57,6 +57,14 @@ typedef struct al_attn_plan {
 } al_attn_plan;
 
 /* A backend. supports() fills reason (NUL-terminated, n bytes) when it returns 0. */
+/* What al_attn_fp8.pending points at: a backend's record of amaxes still on their way (al_attn_fp8.
+ * amax_deferred). settle() waits for them, writes them into f->amax, releases the record and clears
+ * f->pending; drop() releases it without waiting (a later call on the same f supersedes it). */
+typedef struct al_fp8_pending {
+    void (*settle)(struct al_fp8_pending *self, al_attn_fp8 *f);
+    void (*drop)(struct al_fp8_pending *self);
+} al_fp8_pending;
+
 typedef struct al_attn_backend {
     const char *name;
     int32_t (*supports)(const al_attn_plan *plan, char *reason, size_t n);

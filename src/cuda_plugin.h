@@ -83,6 +83,8 @@ typedef struct al_cuda_api {
     /* FP8 (src/cuda/fp8.cu), bit-identical to src/fp8.c (numeric/fp8_scale.h). The core allocates the
      * outputs (contiguous; out->dtype is the FP8 format or the dequantised dtype); x, q any strides. */
     al_status (*amax)(const al_tensor *x, double *amax);          /* synchronous; NaN-propagating */
+    /* out: a new f64 [1] tensor on x's device holding amax(x) (not canonicalised); queued, no sync */
+    al_status (*amax_to)(al_tensor *out, const al_tensor *x);
     al_status (*fp8_quantize)(al_tensor *out, const al_tensor *x, double scale);
     al_status (*fp8_dequantize)(al_tensor *out, const al_tensor *q, double scale_inv);
     /* rows = the leading x->ndim - row_dims dims; scale_inv f32 [rows] (contiguous) */

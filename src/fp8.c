@@ -78,6 +78,31 @@ static double cpu_amax(const al_tensor *x) {
     return m;
 }
 
+AL_EXPORT al_status al_amax_tensor(al_tensor *out, const al_tensor *x) {
+    if (out) memset(out, 0, sizeof *out);
+    AL_TRY(al_check_tensor("amax", "x", x));
+    if (!out) return al_error(AL_ERR_ARG, "amax: out (the result tensor) must not be NULL");
+    if (!al_dtype_is_float(x->dtype))
+        return al_error(AL_ERR_ARG, "amax: x must be a float tensor, got %s", al_dtype_name(x->dtype));
+    int64_t one = 1;
+    if (x->device_type == AL_DEVICE_CUDA && al_tensor_numel(x) > 0) {
+        const al_cuda_api *api;
+        AL_TRY(cuda_api("amax", x, &api, 1));
+        if (!api->amax_to) return al_error(AL_ERR_UNSUPPORTED, "amax: the loaded CUDA plugin has no FP8 kernels (rebuild it)");
+        return api->amax_to(out, x);
+    }
+    if (x->device_type == AL_DEVICE_CUDA) {   /* no elements: 0, on x's device */
+        AL_TRY(al_tensor_empty(out, 1, &one, AL_DTYPE_F64, AL_DEVICE_CUDA, x->device_index));
+        al_status s = al_tensor_fill_(out, 0.0);
+        if (s != AL_OK) al_tensor_release(out);
+        return s;
+    }
+    double m = al_tensor_numel(x) > 0 ? al_canonical_nan(cpu_amax(x)) : 0.0;
+    AL_TRY(al_tensor_empty(out, 1, &one, AL_DTYPE_F64, AL_DEVICE_CPU, 0));
+    *(double *)al_tensor_data_ptr(out) = m;
+    return AL_OK;
+}
+
 AL_EXPORT al_status al_amax(const al_tensor *x, double *amax) {
     AL_TRY(al_check_tensor("amax", "x", x));
     if (!amax) return al_error(AL_ERR_ARG, "amax: amax (the result pointer) must not be NULL");

@@ -76,6 +76,14 @@ function M.amax(x)
   return r[0]
 end
 
+-- amax_tensor(x) -> a f64 [1] tensor on x's device holding amax(x); on a GPU nothing waits for it
+function M.amax_tensor(x)
+  check_x("fp8.amax_tensor", x)
+  local out = T.new()
+  T.check(C.al_amax_tensor(out.raw, x.raw), "fp8.amax_tensor")
+  return out
+end
+
 -- quantize(x, {format=, scale=}) ; scale defaults to current scaling fp8_max / amax / 2^margin.
 function M.quantize(x, opts)
   check_x("fp8.quantize", x)
@@ -180,8 +188,20 @@ end
 
 function Recipe:fmax(slot) return tonumber(C.al_fp8_max(FORMAT[self.slots[slot].format])) end
 
+-- Amaxes a fused GPU forward left pending (al_attn_fp8.amax_deferred: cuDNN's amaxes are copied back
+-- behind the graph, without a stream sync) are recorded when the recipe is next used: any method here,
+-- the next step's prepare, r:state(). So the call returns at once and the GPU is never left idle while
+-- the host waits; under delayed scaling those amaxes only feed the next step's scales anyway.
+function Recipe:settle()
+  local p = rawget(self, "_pending")
+  if not p then return end
+  self._pending = nil
+  for i = 1, #p do p[i]() end
+end
+
 -- The scale a slot uses for its next quantisation (delayed slots), or from a current amax.
 function Recipe:compute_scale(slot, amax)
+  self:settle()
   local st = self.slots[slot]
   if self.scale_fn then
     local r = self.scale_fn(slot, amax ~= nil and { amax } or st.amax_history, self:fmax(slot), st)
@@ -198,6 +218,7 @@ end
 
 -- Append a step's amax to a slot's history (rolling) and update its delayed scale (TE: after the step).
 function Recipe:record(slot, amax)
+  self:settle()
   local st = self.slots[slot]
   local h = st.amax_history
   h[#h + 1] = amax
@@ -207,6 +228,7 @@ function Recipe:record(slot, amax)
 end
 
 function Recipe:state()
+  self:settle()
   local t = {}
   for _, s in ipairs(SLOTS) do
     local st = self.slots[s]
@@ -220,12 +242,14 @@ function Recipe:state()
 end
 
 function Recipe:reset()
+  self:settle()
   for _, s in ipairs(SLOTS) do self.slots[s].amax_history = {}; self.slots[s].scale = 1.0 end
   self.steps = 0
 end
 
 -- A deep copy (same settings and state): lets two runs start from one state (prefix tests, A/B).
 function Recipe:clone()
+  self:settle()
   local c = setmetatable({}, Recipe)
   for k, v in pairs(self) do c[k] = v end
   c.slots = {}
@@ -342,8 +366,11 @@ end
 -- kv_layer=, dim=, fmt_name=, combine=}; q, k, v the (unpacked) views. dry: do not record.
 -- Returns q8, k8, v8, f (cdata), keep (refs to keep alive), post (data for finish_forward).
 function M.prepare_forward(al, r, info, q, k, v, dry)
-  local f = ffi.new("al_attn_fp8")
+  r:settle()
+  -- (the finaliser releases a deferred-amax record nobody settled)
+  local f = ffi.gc(ffi.new("al_attn_fp8"), C.al_attn_fp8_settle)
   C.al_attn_fp8_init(f)
+  f.amax_deferred = 1
   f.fwd_format, f.bwd_format = r.fwd_format, r.bwd_format
   f.margin = r.margin
   local in_dtype = q:dtype()
@@ -393,9 +420,22 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
   else
     -- one scale for Q, K and V (TE: DS/CS quantise q, k, v as one tensor)
     local packed = info.mode == "qkv" and info.qkv_layer or nil
-    if packed and combine then amax = M.amax(packed)
-    elseif info.mode == "kv" and combine then amax = math.max(M.amax(q), M.amax(info.kv_layer))
-    else amax = math.max(M.amax(q), M.amax(k), M.amax(v)) end
+    local srcs
+    if packed and combine then srcs = { packed }
+    elseif info.mode == "kv" and combine then srcs = { q, info.kv_layer }
+    else srcs = { q, k, v } end
+    if sq.mode == "delayed" and not dry and q:device() ~= "cpu" then
+      -- delayed: this amax only joins the history, so it stays on the GPU until the recipe settles (no sync)
+      local t = {}
+      for i, x in ipairs(srcs) do t[i] = M.amax_tensor(x) end
+      amax = function()
+        local m = t[1]:item()
+        for i = 2, #t do m = math.max(m, t[i]:item()) end
+        return m
+      end
+    elseif #srcs == 1 then amax = M.amax(srcs[1])
+    elseif #srcs == 2 then amax = math.max(M.amax(srcs[1]), M.amax(srcs[2]))
+    else amax = math.max(M.amax(srcs[1]), M.amax(srcs[2]), M.amax(srcs[3])) end
     local scale
     if sq.mode == "delayed" then scale = sq.scale
     else scale = r:compute_scale("qkv", amax) end
@@ -425,15 +465,32 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
     local m = r.slots[s].mode
     f.scale[i] = m == "delayed" and r.slots[s].scale or (m == "current" and 0 or -1)
   end
-  if not dry then r:record("qkv", amax) end
-  return q8, k8, v8, f, keep, { in_dtype = in_dtype, qkv_amax = amax }
+  if type(amax) == "function" then
+    local pend = rawget(r, "_pending") or {}
+    r._pending = pend
+    pend[#pend + 1] = function() r:record("qkv", amax()) end
+  elseif not dry then r:record("qkv", amax) end
+  return q8, k8, v8, f, keep, { in_dtype = in_dtype }
 end
 
 -- After the C forward: record S and O, apply Lua-side O quantisation. Returns the output (4-d).
 function M.finish_forward(al, r, f, out, post, info)
+  r:settle()
   r.slots.s.last_scale = f.scale_used[1]
-  r:record("s", f.amax[1])
   local mo = r.slots.o.mode
+  if f.pending ~= nil then   -- S and O amaxes still on their way (only when O's scale was given)
+    r.slots.o.last_scale = f.scale_used[2]
+    local pend = rawget(r, "_pending") or {}
+    r._pending = pend
+    pend[#pend + 1] = function()
+      C.al_attn_fp8_settle(f)
+      r:record("s", f.amax[1])
+      r:record("o", f.amax[2])
+    end
+    r.steps = r.steps + 1
+    return out
+  end
+  r:record("s", f.amax[1])
   if mo == "lua" or mo == "mx" then
     local a = M.amax(out)
     if mo == "mx" then out = fake_mx(out, -1, r.fwd_format):to(post.in_dtype)
@@ -453,6 +510,7 @@ end
 
 -- Before the C backward: scales of dO, dP, dQKV; Lua-side dO quantisation. Returns dout to pass.
 function M.prepare_backward(al, r, f, dout)
+  r:settle()
   f.scale[4] = r.slots.dp.scale
   local function cslot(i, s)
     local m = r.slots[s].mode
@@ -480,6 +538,7 @@ end
 
 -- After the C backward: record, apply Lua-side dQKV quantisation to the gradient tensors in place.
 function M.finish_backward(al, r, f, grads_list, do_done)
+  r:settle()
   if not do_done then
     r.slots["do"].last_scale = f.scale_used[3]
     r:record("do", f.amax[3])

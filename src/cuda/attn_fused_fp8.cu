@@ -406,8 +406,8 @@ static void run_free(f8_run *r) {
     r->dsc = r->ws = NULL;
 }
 
-/* upload the scalars, execute, read the amaxes back (synchronises the stream) */
-static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn, double *t_exec) {
+/* upload the scalars, execute, and unless readback is 0 read the amaxes back (synchronises the stream) */
+static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn, double *t_exec, int readback = 1) {
     char host[NSC * SC_SLOT];
     memset(host, 0, sizeof host);
     for (int i = 0; i < NSC; i++) memcpy(host + i * SC_SLOT, &r->sc[i], sizeof(float));
@@ -420,6 +420,7 @@ static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, co
     }
     AL_TRY(al_dnn_execute(handle, e->plan, e->nuids, e->uids, ptrs, r->ws));
     if (t_exec) *t_exec = al_hprof_now();   /* the read-back below waits for the graph */
+    if (!readback) return AL_OK;
     AL_TRY(al_cu_memcpy_d2h(r->dev, host, r->dsc, sizeof host));
     for (int i = 0; i < NSC; i++) memcpy(&r->sc[i], host + i * SC_SLOT, sizeof(float));
     return AL_OK;
@@ -530,6 +531,76 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
 }
 #undef NO
 
+/* ---- deferred amaxes (al_attn_fp8.amax_deferred) ----------------------------------------------------
+ * The forward's amaxes (S, O) are copied into pinned host memory behind the graph on its stream, with an
+ * event after the copy, and the call returns: no stream sync, so the GPU goes on with the next queued
+ * work while the host prepares more. al_attn_fp8_settle() waits for the event and fills f->amax. The
+ * records are pooled (pinned memory and events are costly to create); a dropped record (superseded by a
+ * later call on the same f) is handed out again only once its event has completed. */
+typedef struct f8_pend {
+    al_fp8_pending base;        /* first member: al_attn_fp8.pending points here */
+    cudaEvent_t done;           /* recorded after the copy */
+    char *host;                 /* pinned: NSC slots of SC_SLOT bytes, the device scalar block's image */
+    struct f8_pend *next;
+} f8_pend;
+
+static pthread_mutex_t g_pend_lock = PTHREAD_MUTEX_INITIALIZER;
+static f8_pend *g_pend_free;    /* released records; their events may still be pending (dropped ones) */
+
+static float pend_scalar(const f8_pend *q, int uid) {
+    float v;
+    memcpy(&v, q->host + (uid - U_SC0) * SC_SLOT, sizeof v);
+    return v;
+}
+
+static void pend_release(f8_pend *q) {
+    pthread_mutex_lock(&g_pend_lock);
+    q->next = g_pend_free;
+    g_pend_free = q;
+    pthread_mutex_unlock(&g_pend_lock);
+}
+
+static void pend_settle(al_fp8_pending *self, al_attn_fp8 *f) {
+    f8_pend *q = (f8_pend *)self;
+    f->pending = NULL;
+    if (cudaEventSynchronize(q->done) == cudaSuccess) {
+        f->amax[AL_FP8_SLOT_S] = (double)pend_scalar(q, U_AMAX_S);
+        f->amax[AL_FP8_SLOT_O] = (double)pend_scalar(q, U_AMAX_O);
+    }   /* else the stream failed: amax stays NaN, and the next CUDA call reports the error */
+    pend_release(q);
+}
+
+static void pend_drop(al_fp8_pending *self) { pend_release((f8_pend *)self); }
+
+/* a free record whose last copy has landed, or a new one */
+static al_status pend_acquire(f8_pend **out) {
+    pthread_mutex_lock(&g_pend_lock);
+    f8_pend **pp = &g_pend_free, *q = NULL;
+    for (; *pp; pp = &(*pp)->next) {
+        cudaError_t st = cudaEventQuery((*pp)->done);
+        if (st == cudaErrorNotReady) { (void)cudaGetLastError(); continue; }   /* (not an error: clear it) */
+        q = *pp;
+        *pp = q->next;
+        break;
+    }
+    pthread_mutex_unlock(&g_pend_lock);
+    if (!q) {
+        q = (f8_pend *)calloc(1, sizeof *q);
+        if (!q) return al_error(AL_ERR_OOM, "attention (fused, fp8): out of host memory for a deferred-amax record");
+        cudaError_t st = cudaHostAlloc((void **)&q->host, NSC * SC_SLOT, cudaHostAllocPortable);
+        if (st == cudaSuccess) st = cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming);
+        if (st != cudaSuccess) {
+            if (q->host) cudaFreeHost(q->host);
+            free(q);
+            return AL_CUDA_ST(st);
+        }
+        q->base.settle = pend_settle;
+        q->base.drop = pend_drop;
+    }
+    *out = q;
+    return AL_OK;
+}
+
 /* ---- forward ---------------------------------------------------------------------------------- */
 /* host profile of the forward (ATTNLAB_HOST_PROFILE=1, host_profile.h): outputs (O in FP8, LSE), plan (lock, key,
  * cache, scalars and workspace), exec (upload the scalars, cuDNN's execute), readback (the amaxes' copy back,
@@ -570,6 +641,7 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     const double sS = f->scale[AL_FP8_SLOT_S], qmax = al_fp8_fmax(q->dtype);
     double so = f->scale[AL_FP8_SLOT_O];
     f8_entry *e = NULL;
+    f8_pend *pend = NULL;
     pthread_mutex_lock(&g_lock);
     cudnnHandle_t handle;
     cudaStream_t stream;
@@ -591,7 +663,15 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         SC(U_DESC_S) = (float)(1.0 / sS);
         /* current scaling of O: a first run measures amax_O (its O is discarded) */
         SC(U_SCALE_O) = so > 0.0 ? (float)so : 1.0f;
-        s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL);
+        /* every scale given and the caller can wait: the amaxes follow the graph to pinned memory */
+        const int defer = f->amax_deferred && so > 0.0;
+        s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL, !defer);
+        if (s == AL_OK && defer) {
+            s = pend_acquire(&pend);
+            if (s == AL_OK) s = AL_CUDA_ST(cudaMemcpyAsync(pend->host, r.dsc, NSC * SC_SLOT, cudaMemcpyDeviceToHost, stream));
+            if (s == AL_OK) s = AL_CUDA_ST(cudaEventRecord(pend->done, stream));
+            if (s != AL_OK && pend) { pend_release(pend); pend = NULL; }
+        }
         runs = 1;
         if (s == AL_OK && so == 0.0) {
             runs = 2;
@@ -614,11 +694,17 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         al_hprof_add(&g_f8_fwd_prof, pt);
     }
     if (s == AL_OK) {
-        f->amax[AL_FP8_SLOT_S] = (double)SC(U_AMAX_S);
-        f->amax[AL_FP8_SLOT_O] = (double)SC(U_AMAX_O);
+        if (pend) {   /* known at al_attn_fp8_settle */
+            f->amax[AL_FP8_SLOT_S] = f->amax[AL_FP8_SLOT_O] = NAN;
+            f->pending = &pend->base;
+        } else {
+            f->amax[AL_FP8_SLOT_S] = (double)SC(U_AMAX_S);
+            f->amax[AL_FP8_SLOT_O] = (double)SC(U_AMAX_O);
+        }
         f->scale_used[AL_FP8_SLOT_S] = sS;
         f->scale_used[AL_FP8_SLOT_O] = so;
     } else {
+        if (pend) pend_release(pend);
         al_tensor_release(out);
         al_tensor_release(lse);
     }

@@ -204,7 +204,8 @@ static int al_half_or_f32(int32_t d) { return d == AL_DTYPE_F32 || d == AL_DTYPE
 
 static unsigned al_vec_grid(int32_t dev, int64_t n) { return al_cu_grid(dev, (n + AL_FP8_VEC - 1) / AL_FP8_VEC); }
 
-static al_status cu_amax(const al_tensor *x, double *amax) {
+/* amax(x) into *dst (device memory), queued on the current stream */
+static al_status cu_amax_launch(const al_tensor *x, double *dst) {
     cudaStream_t s;
     const int32_t dev = x->device_index;
     AL_TRY(al_cu_begin("amax", dev, &s));
@@ -224,11 +225,27 @@ static al_status cu_amax(const al_tensor *x, double *amax) {
     else al_amax_kernel<float><<<grid, AL_CU_THREADS, 0, s>>>(t, n, buf);
     st = AL_CUDA_ST(cudaGetLastError());
     if (st == AL_OK) {
-        al_amax_final_kernel<<<1, AL_CU_THREADS, 0, s>>>(buf, (int64_t)grid, buf + grid);
+        al_amax_final_kernel<<<1, AL_CU_THREADS, 0, s>>>(buf, (int64_t)grid, dst);
         st = AL_CUDA_ST(cudaGetLastError());
     }
-    if (st == AL_OK) st = al_cu_memcpy_d2h(dev, amax, buf + grid, sizeof(double));
-    al_cu_free(dev, buf, nbytes);
+    al_cu_free(dev, buf, nbytes);   /* (stream-ordered: reused only by later work on this stream) */
+    return st;
+}
+
+static al_status cu_amax(const al_tensor *x, double *amax) {
+    double *d = NULL;
+    AL_TRY(al_cu_malloc(x->device_index, sizeof(double), (void **)&d));
+    al_status st = cu_amax_launch(x, d);
+    if (st == AL_OK) st = al_cu_memcpy_d2h(x->device_index, amax, d, sizeof(double));
+    al_cu_free(x->device_index, d, sizeof(double));
+    return st;
+}
+
+static al_status cu_amax_to(al_tensor *out, const al_tensor *x) {
+    int64_t one = 1;
+    AL_TRY(al_tensor_empty(out, 1, &one, AL_DTYPE_F64, AL_DEVICE_CUDA, x->device_index));
+    al_status st = cu_amax_launch(x, (double *)al_tensor_data_ptr(out));
+    if (st != AL_OK) al_tensor_release(out);
     return st;
 }
 
@@ -398,6 +415,7 @@ static al_status cu_mx_dequantize(al_tensor *out, const al_tensor *q, const al_t
 
 void al_cu_fp8_fill_api(al_cuda_api *api) {
     api->amax = cu_amax;
+    api->amax_to = cu_amax_to;
     api->fp8_quantize = cu_quantize;
     api->fp8_dequantize = cu_dequantize;
     api->fp8_quantize_rows = cu_quantize_rows;

@@ -61,6 +61,7 @@ local function run(name, args, make_recipe, opts)
       cg = al.attention.backward(cctx, dout:cpu())
     end
   end
+  rg:settle()   -- a forward-only run leaves the last step's amaxes deferred (al_attn_fp8.amax_deferred)
   local ra = {}
   for k, v in pairs(args) do ra[k] = v end
   ra.backend = "fused"
@@ -193,6 +194,73 @@ describe("fp8 fused (cuDNN FP8 SDPA) vs the CPU emulation #gpu", function()
   end)
 end)
 
+describe("fp8 fused: deferred amaxes (no stream sync in the call) #gpu", function()
+  local T = require "attnlab.tensor"
+  local C = require("attnlab.ffi").C
+  local function isnan(x) return x ~= x end
+
+  gpu_it("the C call returns with amaxes pending; settle gives exactly the synchronous call's amaxes", function()
+    al.manual_seed(7)
+    local args = { query_layer = R({ 2, 256, 4, 128 }), key_layer = R({ 2, 256, 4, 128 }), value_layer = R({ 2, 256, 4, 128 }),
+      qkv_format = "bshd", attn_mask_type = "no_mask", backend = "fused", fp8_recipe = DS() }
+    local _, ctx = al.attention.forward(args)
+    local p, inp = ctx.params, ctx.inputs
+    local f = inp.fp8
+    local function call()
+      local o, l = T.new(), T.new()
+      T.check(C.al_attn_forward(p, inp, o.raw, l.raw, nil), "al_attn_forward")
+      return o
+    end
+    f.amax_deferred = 0
+    local o_sync = call()
+    assert.is_true(f.pending == nil)
+    local s_sync, o_amax_sync = f.amax[1], f.amax[2]
+    assert.is_true(s_sync > 0 and o_amax_sync > 0)
+    f.amax_deferred = 1
+    local o_def = call()
+    assert.is_true(f.pending ~= nil, "the fused forward with every scale given defers its amaxes")
+    assert.is_true(isnan(f.amax[1]) and isnan(f.amax[2]), "amax is NaN until settled")
+    C.al_attn_fp8_settle(f)
+    assert.is_true(f.pending == nil)
+    assert.are.equal(s_sync, f.amax[1])
+    assert.are.equal(o_amax_sync, f.amax[2])
+    assert.are.equal(0, (o_def:float() - o_sync:float()):abs():max())   -- the same output, bit for bit
+    -- a second call supersedes an unsettled one (its record is dropped, not waited for)
+    call()
+    call()
+    C.al_attn_fp8_settle(f)
+    assert.are.equal(s_sync, f.amax[1])
+    assert.are.equal(o_amax_sync, f.amax[2])
+    C.al_attn_fp8_settle(f)   -- nothing pending: a no-op
+    assert.are.equal(s_sync, f.amax[1])
+  end)
+
+  gpu_it("a recipe records deferred amaxes in order: the same state as settling after every step", function()
+    al.manual_seed(8)
+    local q, k, v = R({ 1, 192, 2, 128 }), R({ 1, 192, 2, 128 }), R({ 1, 192, 2, 128 })
+    local function steps(r, settle_each)
+      for i = 1, 4 do
+        local args = { query_layer = q * (1 + i / 4), key_layer = k, value_layer = v * (1 + i / 8), qkv_format = "bshd",
+          attn_mask_type = "causal", backend = "fused", fp8_recipe = r }
+        al.attention.forward(args)
+        if settle_each then r:settle() end
+      end
+      return r:state()
+    end
+    local a = steps(DS(), false)
+    local b = steps(DS(), true)
+    for _, slot in ipairs({ "qkv", "s", "o" }) do
+      assert.are.equal(4, #a[slot].amax_history, slot)
+      for i = 1, 4 do assert.is_false(isnan(a[slot].amax_history[i]), slot .. " history entry " .. i) end
+      assert.are.same(b[slot].amax_history, a[slot].amax_history, slot)
+      assert.are.equal(b[slot].scale, a[slot].scale, slot)
+    end
+    assert.are.equal(4, a.steps)
+    -- the O history grows with V's scale (x1.25, 1.5, 1.75, 2): the steps were recorded in order
+    for i = 2, 4 do assert.is_true(a.o.amax_history[i] > a.o.amax_history[i - 1], "O amax order") end
+  end)
+end)
+
 describe("fp8 fused explain #gpu", function()
   -- The FP8 graphs serve by default; ATTNLAB_FUSED_FP8=0 switches automatic selection off (attn_fused.cu).
   local function ex(args)
@@ -252,6 +320,32 @@ describe("fp8 fused explain #gpu", function()
       assert.truthy(line:find(c[3], 1, true), line)
     end)
   end
+end)
+
+describe("fp8: deferred amaxes on the cpu backend", function()
+  local T = require "attnlab.tensor"
+  local C = require("attnlab.ffi").C
+  it("amax_deferred is a permission, not an order: the cpu emulation fills amax on return; settle is a no-op", function()
+    al.manual_seed(9)
+    local r = al.fp8.DelayedScaling{ amax_history_len = 2 }
+    local args = { query_layer = al.randn({ 1, 40, 2, 16 }), key_layer = al.randn({ 1, 40, 2, 16 }),
+      value_layer = al.randn({ 1, 40, 2, 16 }), qkv_format = "bshd", backend = "cpu", fp8_recipe = r }
+    local _, ctx = al.attention.forward(args)
+    local f = ctx.inputs.fp8
+    assert.are.equal(1, f.amax_deferred)    -- the Lua front end always allows it
+    local o, l = T.new(), T.new()
+    T.check(C.al_attn_forward(ctx.params, ctx.inputs, o.raw, l.raw, nil), "al_attn_forward")
+    assert.is_true(f.pending == nil)
+    local a1, a2 = f.amax[1], f.amax[2]
+    assert.is_true(a1 > 0 and a1 <= 1 and a2 > 0)
+    C.al_attn_fp8_settle(f)
+    C.al_attn_fp8_settle(nil)
+    assert.are.equal(a1, f.amax[1])
+    assert.are.equal(a2, f.amax[2])
+    local st = r:state()
+    assert.are.equal(1, #st.s.amax_history)
+    assert.are.equal(1, st.steps)
+  end)
 end)
 
 describe("fp8 fused: explain text without a GPU", function()

@@ -29,6 +29,16 @@ describe("fp8 quantisation (cpu)", function()
     y:select(1, 2):select(1, 3):fill_(0 / 0)
     local a = al.fp8.amax(y)
     assert.is_true(a ~= a)
+    -- amax_tensor: the same value in a f64 [1] tensor on x's device
+    local t = al.fp8.amax_tensor(x)
+    assert.are.same({ 1 }, t:size())
+    assert.are.equal("f64", t:dtype())
+    assert.are.equal(ref, t:item())
+    local tn = al.fp8.amax_tensor(y):item()
+    assert.is_true(tn ~= tn)
+    assert.are.equal(0, al.fp8.amax_tensor(al.empty({ 0, 3 })):item())
+    assert.has_error(function() al.fp8.amax_tensor(al.zeros({ 2 }, { dtype = "i32" })) end,
+      "fp8.amax_tensor: amax: x must be a float tensor, got i32")
   end)
 
   it("quantize = fp8(x * scale), dequantize = code * scale_inv, on any strides", function()
@@ -359,6 +369,10 @@ describe("fp8 CUDA parity #gpu", function()
         local xg = x:cuda()
         local ac, ag = al.fp8.amax(x), al.fp8.amax(xg)
         assert.is_true(same_amax(ac, ag), dt .. ": amax " .. tostring(ac) .. " vs " .. tostring(ag))
+        local tg = al.fp8.amax_tensor(xg)   -- left on the GPU (no sync), the same value
+        assert.are.equal("cuda:0", tg:device())
+        assert.is_true(same_amax(ac, tg:item()), dt .. ": amax_tensor " .. tostring(tg:item()))
+        assert.is_true(same_amax(al.fp8.amax(x:narrow(1, 2, n - 1)), al.fp8.amax_tensor(xg:narrow(1, 2, n - 1)):item()))
         assert.is_true(same_amax(al.fp8.amax(x:narrow(1, 2, n - 1)), al.fp8.amax(xg:narrow(1, 2, n - 1))))
         for _, fmt in ipairs({ "e4m3", "e5m2" }) do
           for _, sc in ipairs({ 1.0, 1.7, 2 ^ -7 }) do
