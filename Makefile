@@ -97,6 +97,8 @@ $(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
 	$(CC) $(AL_CFLAGS) $< -o $@ -L$(LIBDIR) -lattnlab $(AL_LDLIBS) -Wl,-rpath,$(abspath $(LIBDIR))
 
 # Each spec file runs in its own busted process, so a crash loses one file's results, not all.
+# ATTNLAB_POISON_GRADS=1: attention.backward's gradient buffers start as NaN (al_attn_backward writes every
+# element, padding and gaps included; a backend that misses one fails its spec instead of reading zeros).
 # Each suite prints its own "N passed, N failed" line into the log; scripts/tally.sh adds them up and
 # prints the grand total as the last line (non-zero exit if anything failed).
 test: all $(C_TESTS)
@@ -104,7 +106,7 @@ test: all $(C_TESTS)
 	@rm -f $(BUILD)/test.log
 	@for t in $(C_TESTS); do sh scripts/tally.sh run $(BUILD)/test.log $$t; done; true
 	@for f in tests/spec/*_spec.lua; do echo "== $$f"; \
-		sh scripts/tally.sh run $(BUILD)/test.log env $(LUA_ENV) $(BUSTED) -o tests/spec/summary.lua $$f; done; true
+		sh scripts/tally.sh run $(BUILD)/test.log env ATTNLAB_POISON_GRADS=1 $(LUA_ENV) $(BUSTED) -o tests/spec/summary.lua $$f; done; true
 	@sh scripts/tally.sh $(BUILD)/test.log
 
 # The benches append their measurements as JSON lines to BENCH_OUT (rewritten each run); when it holds

@@ -615,8 +615,10 @@ struct al_attn_fp8 {
     double  amax[6];             /* out: amax per slot of this call (forward fills S, O; backward dO, dP, dQKV) */
     double  scale_used[6];       /* out: the scale each quantised slot used (O: 0 when per token) */
     int32_t amax_deferred;       /* in: 1 = the call may return before its amaxes are known (the fused GPU
-                                    forward with every scale given: no stream sync); amax[] then holds NaN
-                                    until al_attn_fp8_settle(f). 0 (default): amax[] is filled on return */
+                                    forward / backward with every scale given: no stream sync); the amax[]
+                                    it fills then hold NaN until al_attn_fp8_settle(f). A later call of the
+                                    same direction on f supersedes them; one of the other direction settles
+                                    them first. 0 (default): amax[] is filled on return */
     void   *pending;             /* out: non-NULL while deferred amaxes are outstanding (opaque) */
 };
 void al_attn_fp8_init(al_attn_fp8 *f);

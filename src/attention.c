@@ -163,11 +163,16 @@ AL_EXPORT void al_attn_fp8_init(al_attn_fp8 *f) {
     for (int i = 0; i < 6; i++) f->scale[i] = 1.0;
 }
 
-/* A new call on the same FP8 settings supersedes amaxes still pending from the last one (as a synchronous
- * call overwrites f->amax); the backend's record is released once its copy has landed. */
-static void fp8_drop_pending(al_attn_fp8 *f) {
+/* A new call on the same FP8 settings supersedes amaxes still pending from the last call of its direction
+ * (the same slots: as a synchronous call overwrites them; the backend's record is released once its copy
+ * has landed); those of the other direction are still wanted, so they are settled first. */
+static void fp8_take_pending(al_attn_fp8 *f, int backward) {
     if (!f || !f->pending) return;
     al_fp8_pending *p = (al_fp8_pending *)f->pending;
+    if (p->backward != backward) {
+        p->settle(p, f);
+        return;
+    }
     f->pending = NULL;
     p->drop(p);
 }
@@ -827,7 +832,7 @@ AL_EXPORT al_status al_attn_forward(const al_attn_params *p, const al_attn_input
     if (lse) memset(lse, 0, sizeof *lse);
     if (max_logit) memset(max_logit, 0, sizeof *max_logit);
     if (!out || !lse) return al_error(AL_ERR_ARG, "attention_forward: out and lse must not be NULL");
-    if (in) fp8_drop_pending(in->fp8);
+    if (in) fp8_take_pending(in->fp8, 0);
     al_attn_plan pl;
     AL_TRY(plan_build(&pl, p, in));
     if (pl.p.return_max_logit && !max_logit) {
@@ -861,7 +866,7 @@ AL_EXPORT al_status al_attn_backward(const al_attn_params *p, const al_attn_inpu
     if (d_softmax_offset) memset(d_softmax_offset, 0, sizeof *d_softmax_offset);
     if (!out || !dout || !lse || !dq || !dk || !dv)
         return al_error(AL_ERR_ARG, "attention_backward: out, dout, lse, dq, dk and dv must not be NULL");
-    if (in) fp8_drop_pending(in->fp8);
+    if (in) fp8_take_pending(in->fp8, 1);
     al_attn_plan pl;
     AL_TRY(plan_build(&pl, p, in));
     al_status s = AL_OK;

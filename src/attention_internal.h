@@ -59,10 +59,12 @@ typedef struct al_attn_plan {
 /* A backend. supports() fills reason (NUL-terminated, n bytes) when it returns 0. */
 /* What al_attn_fp8.pending points at: a backend's record of amaxes still on their way (al_attn_fp8.
  * amax_deferred). settle() waits for them, writes them into f->amax, releases the record and clears
- * f->pending; drop() releases it without waiting (a later call on the same f supersedes it). */
+ * f->pending; drop() releases it without waiting (a later call of the same direction on the same f
+ * supersedes it: the same amax slots). backward: which direction's slots it fills. */
 typedef struct al_fp8_pending {
     void (*settle)(struct al_fp8_pending *self, al_attn_fp8 *f);
     void (*drop)(struct al_fp8_pending *self);
+    int32_t backward;
 } al_fp8_pending;
 
 typedef struct al_attn_backend {

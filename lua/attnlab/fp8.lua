@@ -539,6 +539,20 @@ end
 -- After the C backward: record, apply Lua-side dQKV quantisation to the gradient tensors in place.
 function M.finish_backward(al, r, f, grads_list, do_done)
   r:settle()
+  if f.pending ~= nil then   -- dO, dP and dQKV amaxes still on their way (every backward scale was given)
+    r.slots["do"].last_scale = f.scale_used[3]
+    r.slots.dp.last_scale = f.scale_used[4]
+    r.slots.dqkv.last_scale = f.scale_used[5]
+    local pend = rawget(r, "_pending") or {}
+    r._pending = pend
+    pend[#pend + 1] = function()
+      C.al_attn_fp8_settle(f)
+      r:record("do", f.amax[3])
+      r:record("dp", f.amax[4])
+      r:record("dqkv", f.amax[5])
+    end
+    return
+  end
   if not do_done then
     r.slots["do"].last_scale = f.scale_used[3]
     r:record("do", f.amax[3])

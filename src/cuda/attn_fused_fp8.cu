@@ -406,12 +406,16 @@ static void run_free(f8_run *r) {
     r->dsc = r->ws = NULL;
 }
 
-/* upload the scalars, execute, and unless readback is 0 read the amaxes back (synchronises the stream) */
-static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn, double *t_exec, int readback = 1) {
-    char host[NSC * SC_SLOT];
-    memset(host, 0, sizeof host);
+/* upload the scalars, execute, and read the amaxes back (synchronises the stream); with a pinned staging
+ * block (a deferred call's record, NSC * SC_SLOT bytes) the upload is a plain DMA from it and the read-back
+ * is the caller's */
+static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn, double *t_exec,
+                          char *pinned = NULL) {
+    char stack[NSC * SC_SLOT];
+    char *host = pinned ? pinned : stack;
+    memset(host, 0, NSC * SC_SLOT);
     for (int i = 0; i < NSC; i++) memcpy(host + i * SC_SLOT, &r->sc[i], sizeof(float));
-    AL_TRY(al_cu_memcpy_h2d(r->dev, r->dsc, host, sizeof host));
+    AL_TRY(al_cu_memcpy_h2d(r->dev, r->dsc, host, NSC * SC_SLOT));
     void *ptrs[AL_DNN_MAX_UIDS];
     for (int i = 0; i < e->nuids; i++) {
         int64_t u = e->uids[i];
@@ -420,8 +424,8 @@ static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, co
     }
     AL_TRY(al_dnn_execute(handle, e->plan, e->nuids, e->uids, ptrs, r->ws));
     if (t_exec) *t_exec = al_hprof_now();   /* the read-back below waits for the graph */
-    if (!readback) return AL_OK;
-    AL_TRY(al_cu_memcpy_d2h(r->dev, host, r->dsc, sizeof host));
+    if (pinned) return AL_OK;
+    AL_TRY(al_cu_memcpy_d2h(r->dev, host, r->dsc, NSC * SC_SLOT));
     for (int i = 0; i < NSC; i++) memcpy(&r->sc[i], host + i * SC_SLOT, sizeof(float));
     return AL_OK;
 }
@@ -532,15 +536,18 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
 #undef NO
 
 /* ---- deferred amaxes (al_attn_fp8.amax_deferred) ----------------------------------------------------
- * The forward's amaxes (S, O) are copied into pinned host memory behind the graph on its stream, with an
- * event after the copy, and the call returns: no stream sync, so the GPU goes on with the next queued
- * work while the host prepares more. al_attn_fp8_settle() waits for the event and fills f->amax. The
- * records are pooled (pinned memory and events are costly to create); a dropped record (superseded by a
- * later call on the same f) is handed out again only once its event has completed. */
+ * The amaxes a call reports (forward: S, O; backward: dO, dP, dQKV) are copied into pinned host memory
+ * behind the graph on its stream, with an event after the copy, and the call returns: no stream sync, so
+ * the GPU goes on with the next queued work while the host prepares more. al_attn_fp8_settle() waits for
+ * the event and fills f->amax. The pinned block also stages the scalars' upload (a plain DMA). Records
+ * are pooled (pinned memory and events are costly to create); a dropped record (superseded by a later
+ * call on the same f) is handed out again only once its event has completed. */
+#define PEND_BYTES (NSC * SC_SLOT + 16)   /* the device scalar block's image, then amax(dO) as a double */
 typedef struct f8_pend {
     al_fp8_pending base;        /* first member: al_attn_fp8.pending points here */
-    cudaEvent_t done;           /* recorded after the copy */
-    char *host;                 /* pinned: NSC slots of SC_SLOT bytes, the device scalar block's image */
+    cudaEvent_t done;           /* recorded after the copies */
+    char *host;                 /* pinned, PEND_BYTES */
+    double softmax_scale;       /* backward: cuDNN's amax_dP is reported over it */
     struct f8_pend *next;
 } f8_pend;
 
@@ -560,20 +567,39 @@ static void pend_release(f8_pend *q) {
     pthread_mutex_unlock(&g_pend_lock);
 }
 
+/* the max of dQ, dK, dV's amaxes (NaN if any is NaN) */
+static double amax_dqkv(float a, float b, float c) {
+    const float x[3] = {a, b, c};
+    double m = 0.0;
+    for (int i = 0; i < 3; i++) {
+        if (x[i] != x[i] || m != m) m = NAN;
+        else if ((double)x[i] > m) m = (double)x[i];
+    }
+    return m;
+}
+
 static void pend_settle(al_fp8_pending *self, al_attn_fp8 *f) {
     f8_pend *q = (f8_pend *)self;
     f->pending = NULL;
     if (cudaEventSynchronize(q->done) == cudaSuccess) {
-        f->amax[AL_FP8_SLOT_S] = (double)pend_scalar(q, U_AMAX_S);
-        f->amax[AL_FP8_SLOT_O] = (double)pend_scalar(q, U_AMAX_O);
+        if (!q->base.backward) {
+            f->amax[AL_FP8_SLOT_S] = (double)pend_scalar(q, U_AMAX_S);
+            f->amax[AL_FP8_SLOT_O] = (double)pend_scalar(q, U_AMAX_O);
+        } else {
+            double am_do;
+            memcpy(&am_do, q->host + NSC * SC_SLOT, sizeof am_do);
+            f->amax[AL_FP8_SLOT_DO] = am_do;
+            f->amax[AL_FP8_SLOT_DP] = (double)pend_scalar(q, U_AMAX_DP) / q->softmax_scale;
+            f->amax[AL_FP8_SLOT_DQKV] = amax_dqkv(pend_scalar(q, U_AMAX_DQ), pend_scalar(q, U_AMAX_DK), pend_scalar(q, U_AMAX_DV));
+        }
     }   /* else the stream failed: amax stays NaN, and the next CUDA call reports the error */
     pend_release(q);
 }
 
 static void pend_drop(al_fp8_pending *self) { pend_release((f8_pend *)self); }
 
-/* a free record whose last copy has landed, or a new one */
-static al_status pend_acquire(f8_pend **out) {
+/* a free record whose last copy has landed, or a new one; for the given direction */
+static al_status pend_acquire(f8_pend **out, int backward) {
     pthread_mutex_lock(&g_pend_lock);
     f8_pend **pp = &g_pend_free, *q = NULL;
     for (; *pp; pp = &(*pp)->next) {
@@ -587,7 +613,7 @@ static al_status pend_acquire(f8_pend **out) {
     if (!q) {
         q = (f8_pend *)calloc(1, sizeof *q);
         if (!q) return al_error(AL_ERR_OOM, "attention (fused, fp8): out of host memory for a deferred-amax record");
-        cudaError_t st = cudaHostAlloc((void **)&q->host, NSC * SC_SLOT, cudaHostAllocPortable);
+        cudaError_t st = cudaHostAlloc((void **)&q->host, PEND_BYTES, cudaHostAllocPortable);
         if (st == cudaSuccess) st = cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming);
         if (st != cudaSuccess) {
             if (q->host) cudaFreeHost(q->host);
@@ -597,6 +623,7 @@ static al_status pend_acquire(f8_pend **out) {
         q->base.settle = pend_settle;
         q->base.drop = pend_drop;
     }
+    q->base.backward = backward;
     *out = q;
     return AL_OK;
 }
@@ -665,10 +692,10 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         SC(U_SCALE_O) = so > 0.0 ? (float)so : 1.0f;
         /* every scale given and the caller can wait: the amaxes follow the graph to pinned memory */
         const int defer = f->amax_deferred && so > 0.0;
-        s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL, !defer);
-        if (s == AL_OK && defer) {
-            s = pend_acquire(&pend);
-            if (s == AL_OK) s = AL_CUDA_ST(cudaMemcpyAsync(pend->host, r.dsc, NSC * SC_SLOT, cudaMemcpyDeviceToHost, stream));
+        if (defer) s = pend_acquire(&pend, 0);
+        if (s == AL_OK) s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL, pend ? pend->host : NULL);
+        if (s == AL_OK && pend) {
+            s = AL_CUDA_ST(cudaMemcpyAsync(pend->host, r.dsc, NSC * SC_SLOT, cudaMemcpyDeviceToHost, stream));
             if (s == AL_OK) s = AL_CUDA_ST(cudaEventRecord(pend->done, stream));
             if (s != AL_OK && pend) { pend_release(pend); pend = NULL; }
         }
@@ -758,9 +785,22 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
         s = al_amax(out, &am);
         so = al_fp8_current_scale(al_fp8_fmax(q->dtype), am, p2);
     }
-    if (s == AL_OK) s = al_amax(dout, &am_do);
+    /* every scale given and the caller can wait: amax(dO) stays on the GPU and every amax follows the graph
+     * to pinned memory (the deferred-amax record above); else amax(dO) now (a current dO scale needs it) */
+    const int defer = f->amax_deferred && so > 0.0 && sdo > 0.0 && sg > 0.0;
+    double *d_amdo = NULL;
+    f8_pend *pend = NULL;
+    if (s == AL_OK && defer) {
+        s = al_cu_malloc(dev, 16, (void **)&d_amdo);
+        if (s == AL_OK) s = al_cu_amax_into(dout, d_amdo);
+    } else if (s == AL_OK) {
+        s = al_amax(dout, &am_do);
+    }
     if (s == AL_OK && sdo == 0.0) sdo = al_fp8_current_scale(bmax, am_do, p2);
-    if (s != AL_OK) return s;
+    if (s != AL_OK) {
+        if (d_amdo) al_cu_free(dev, d_amdo, 16);
+        return s;
+    }
 
     al_tensor o8, do8, g8[3];
     memset(&o8, 0, sizeof o8);
@@ -804,7 +844,15 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
             SC(U_DESC_DP) = (float)(a / sdP);
             float g0 = sg > 0.0 ? (float)sg : 1.0f;
             SC(U_SCALE_DQ) = SC(U_SCALE_DK) = SC(U_SCALE_DV) = g0;
-            s = run_once(&r, handle, e, fn, NULL);
+            if (defer) s = pend_acquire(&pend, 1);
+            if (s == AL_OK) s = run_once(&r, handle, e, fn, NULL, pend ? pend->host : NULL);
+            if (s == AL_OK && pend) {
+                pend->softmax_scale = a;
+                s = AL_CUDA_ST(cudaMemcpyAsync(pend->host, r.dsc, NSC * SC_SLOT, cudaMemcpyDeviceToHost, stream));
+                if (s == AL_OK)
+                    s = AL_CUDA_ST(cudaMemcpyAsync(pend->host + NSC * SC_SLOT, d_amdo, sizeof(double), cudaMemcpyDeviceToHost, stream));
+                if (s == AL_OK) s = AL_CUDA_ST(cudaEventRecord(pend->done, stream));
+            }
             if (s == AL_OK && sg == 0.0) {   /* current dQKV scaling: the first run measured the amaxes */
                 float am3[3] = {SC(U_AMAX_DQ), SC(U_AMAX_DK), SC(U_AMAX_DV)};
                 double m = fmax(fmax((double)am3[0], (double)am3[1]), (double)am3[2]);
@@ -822,20 +870,21 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     al_tensor_release(&o8);
     al_tensor_release(&do8);
     for (int i = 0; i < 3; i++) al_tensor_release(&g8[i]);
+    if (d_amdo) al_cu_free(dev, d_amdo, 16);   /* (stream-ordered: its copy is queued before any reuse) */
     if (s == AL_OK) {
-        double m = 0.0;
-        const int au[3] = {U_AMAX_DQ, U_AMAX_DK, U_AMAX_DV};
-        for (int i = 0; i < 3; i++) {
-            double x = (double)SC(au[i]);
-            if (x != x || m != m) m = NAN;
-            else if (x > m) m = x;
+        if (pend) {   /* known at al_attn_fp8_settle */
+            f->amax[AL_FP8_SLOT_DO] = f->amax[AL_FP8_SLOT_DP] = f->amax[AL_FP8_SLOT_DQKV] = NAN;
+            f->pending = &pend->base;
+        } else {
+            f->amax[AL_FP8_SLOT_DO] = am_do;
+            f->amax[AL_FP8_SLOT_DP] = (double)SC(U_AMAX_DP) / a;
+            f->amax[AL_FP8_SLOT_DQKV] = amax_dqkv(SC(U_AMAX_DQ), SC(U_AMAX_DK), SC(U_AMAX_DV));
         }
-        f->amax[AL_FP8_SLOT_DO] = am_do;
         f->scale_used[AL_FP8_SLOT_DO] = sdo;
-        f->amax[AL_FP8_SLOT_DP] = (double)SC(U_AMAX_DP) / a;
         f->scale_used[AL_FP8_SLOT_DP] = sdP;
-        f->amax[AL_FP8_SLOT_DQKV] = m;
         f->scale_used[AL_FP8_SLOT_DQKV] = sg;
+    } else if (pend) {
+        pend_release(pend);
     }
     return s;
 }

@@ -35,6 +35,8 @@ AL_CU_HIDDEN al_status al_cu_check_dev(const char *op, int32_t dev);
 
 /* allocator.cu */
 AL_CU_HIDDEN al_status al_cu_begin(const char *op, int32_t dev, cudaStream_t *stream);
+/* amax(x) (max |x|, NaN-propagating, not canonicalised) into *dst in device memory; queued, no sync (fp8.cu) */
+AL_CU_HIDDEN al_status al_cu_amax_into(const al_tensor *x, double *dst);
 AL_CU_HIDDEN al_status al_cu_malloc(int32_t dev, int64_t nbytes, void **ptr);
 /* al_cu_free returns a block to the pool of the calling thread's current stream (temporaries made
  * and dropped inside one call); al_cu_free_on to the pool of the stream it was allocated on. */

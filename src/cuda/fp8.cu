@@ -205,7 +205,7 @@ static int al_half_or_f32(int32_t d) { return d == AL_DTYPE_F32 || d == AL_DTYPE
 static unsigned al_vec_grid(int32_t dev, int64_t n) { return al_cu_grid(dev, (n + AL_FP8_VEC - 1) / AL_FP8_VEC); }
 
 /* amax(x) into *dst (device memory), queued on the current stream */
-static al_status cu_amax_launch(const al_tensor *x, double *dst) {
+al_status al_cu_amax_into(const al_tensor *x, double *dst) {
     cudaStream_t s;
     const int32_t dev = x->device_index;
     AL_TRY(al_cu_begin("amax", dev, &s));
@@ -235,7 +235,7 @@ static al_status cu_amax_launch(const al_tensor *x, double *dst) {
 static al_status cu_amax(const al_tensor *x, double *amax) {
     double *d = NULL;
     AL_TRY(al_cu_malloc(x->device_index, sizeof(double), (void **)&d));
-    al_status st = cu_amax_launch(x, d);
+    al_status st = al_cu_amax_into(x, d);
     if (st == AL_OK) st = al_cu_memcpy_d2h(x->device_index, amax, d, sizeof(double));
     al_cu_free(x->device_index, d, sizeof(double));
     return st;
@@ -244,7 +244,7 @@ static al_status cu_amax(const al_tensor *x, double *amax) {
 static al_status cu_amax_to(al_tensor *out, const al_tensor *x) {
     int64_t one = 1;
     AL_TRY(al_tensor_empty(out, 1, &one, AL_DTYPE_F64, AL_DEVICE_CUDA, x->device_index));
-    al_status st = cu_amax_launch(x, (double *)al_tensor_data_ptr(out));
+    al_status st = al_cu_amax_into(x, (double *)al_tensor_data_ptr(out));
     if (st != AL_OK) al_tensor_release(out);
     return st;
 }

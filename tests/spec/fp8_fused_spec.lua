@@ -233,17 +233,54 @@ describe("fp8 fused: deferred amaxes (no stream sync in the call) #gpu", functio
     assert.are.equal(o_amax_sync, f.amax[2])
     C.al_attn_fp8_settle(f)   -- nothing pending: a no-op
     assert.are.equal(s_sync, f.amax[1])
+
+    -- the backward (every scale given: delayed dO, dP, dQKV) defers dO, dP and dQKV the same way
+    local o, l = T.new(), T.new()
+    f.amax_deferred = 0
+    T.check(C.al_attn_forward(p, inp, o.raw, l.raw, nil), "al_attn_forward")
+    local dout = R({ 2, 256, 4, 128 })
+    local function bwd()
+      local g = {}
+      for i = 1, 3 do g[i] = al.empty({ 2, 256, 4, 128 }, { dtype = "bf16", device = "cuda" }) end
+      T.check(C.al_attn_backward(p, inp, o.raw, dout.raw, l.raw, g[1].raw, g[2].raw, g[3].raw, nil, nil), "al_attn_backward")
+      return g
+    end
+    local g_sync = bwd()
+    assert.is_true(f.pending == nil)
+    local a_sync = { f.amax[3], f.amax[4], f.amax[5] }
+    for i = 1, 3 do assert.is_true(a_sync[i] > 0, "amax " .. (i + 2)) end
+    f.amax_deferred = 1
+    local g_def = bwd()
+    assert.is_true(f.pending ~= nil, "the FP8 backward with every scale given defers its amaxes")
+    assert.is_true(isnan(f.amax[3]) and isnan(f.amax[4]) and isnan(f.amax[5]))
+    C.al_attn_fp8_settle(f)
+    assert.are.equal(a_sync[1], f.amax[3])                      -- amax(dO): the same tensor
+    assert.is_true(rel(f.amax[4], a_sync[2]) < 1e-6, "amax dP " .. f.amax[4] .. " vs " .. a_sync[2])
+    assert.is_true(rel(f.amax[5], a_sync[3]) < 1e-2, "amax dQKV " .. f.amax[5] .. " vs " .. a_sync[3])  -- (dQ: atomics)
+    for i = 1, 3 do assert.is_true(rel_rmse(g_def[i], g_sync[i]) < 1e-3, "gradient " .. i) end
+    -- a forward on f while a backward is pending settles it (other slots), it does not drop it
+    bwd()
+    local o2, l2 = T.new(), T.new()
+    T.check(C.al_attn_forward(p, inp, o2.raw, l2.raw, nil), "al_attn_forward")
+    assert.are.equal(a_sync[1], f.amax[3])
+    C.al_attn_fp8_settle(f)
+    assert.are.equal(s_sync, f.amax[1])
   end)
 
   gpu_it("a recipe records deferred amaxes in order: the same state as settling after every step", function()
     al.manual_seed(8)
     local q, k, v = R({ 1, 192, 2, 128 }), R({ 1, 192, 2, 128 }), R({ 1, 192, 2, 128 })
+    local dout = R({ 1, 192, 2 * 128 })
     local function steps(r, settle_each)
       for i = 1, 4 do
         local args = { query_layer = q * (1 + i / 4), key_layer = k, value_layer = v * (1 + i / 8), qkv_format = "bshd",
           attn_mask_type = "causal", backend = "fused", fp8_recipe = r }
-        al.attention.forward(args)
+        local _, ctx = al.attention.forward(args)
         if settle_each then r:settle() end
+        if i % 2 == 0 then   -- a backward every other step (dO grows: the dO history must come out in order)
+          al.attention.backward(ctx, dout * (i / 2))
+          if settle_each then r:settle() end
+        end
       end
       return r:state()
     end
@@ -258,6 +295,12 @@ describe("fp8 fused: deferred amaxes (no stream sync in the call) #gpu", functio
     assert.are.equal(4, a.steps)
     -- the O history grows with V's scale (x1.25, 1.5, 1.75, 2): the steps were recorded in order
     for i = 2, 4 do assert.is_true(a.o.amax_history[i] > a.o.amax_history[i - 1], "O amax order") end
+    assert.are.equal(2, #a["do"].amax_history)
+    assert.are.same(b["do"].amax_history, a["do"].amax_history)
+    assert.are.equal(2 * a["do"].amax_history[1], a["do"].amax_history[2])   -- dout, then 2 dout: in order
+    assert.are.same(b.dp.amax_history, a.dp.amax_history)
+    assert.are.equal(b.dp.scale, a.dp.scale)
+    for i = 1, 2 do assert.is_true(rel(a.dqkv.amax_history[i], b.dqkv.amax_history[i]) < 1e-2, "dQKV history") end
   end)
 end)
 
