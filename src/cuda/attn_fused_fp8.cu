@@ -548,6 +548,7 @@ typedef struct f8_pend {
     cudaEvent_t done;           /* recorded after the copies */
     char *host;                 /* pinned, PEND_BYTES */
     double softmax_scale;       /* backward: cuDNN's amax_dP is reported over it */
+    int32_t dev;                /* the device its event belongs to */
     struct f8_pend *next;
 } f8_pend;
 
@@ -598,11 +599,13 @@ static void pend_settle(al_fp8_pending *self, al_attn_fp8 *f) {
 
 static void pend_drop(al_fp8_pending *self) { pend_release((f8_pend *)self); }
 
-/* a free record whose last copy has landed, or a new one; for the given direction */
-static al_status pend_acquire(f8_pend **out, int backward) {
+/* a free record of device dev (the current one) whose last copy has landed, or a new one; for the given
+ * direction */
+static al_status pend_acquire(f8_pend **out, int32_t dev, int backward) {
     pthread_mutex_lock(&g_pend_lock);
     f8_pend **pp = &g_pend_free, *q = NULL;
     for (; *pp; pp = &(*pp)->next) {
+        if ((*pp)->dev != dev) continue;   /* (an event records only on its own device's streams) */
         cudaError_t st = cudaEventQuery((*pp)->done);
         if (st == cudaErrorNotReady) { (void)cudaGetLastError(); continue; }   /* (not an error: clear it) */
         q = *pp;
@@ -622,6 +625,7 @@ static al_status pend_acquire(f8_pend **out, int backward) {
         }
         q->base.settle = pend_settle;
         q->base.drop = pend_drop;
+        q->dev = dev;
     }
     q->base.backward = backward;
     *out = q;
@@ -692,7 +696,7 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         SC(U_SCALE_O) = so > 0.0 ? (float)so : 1.0f;
         /* every scale given and the caller can wait: the amaxes follow the graph to pinned memory */
         const int defer = f->amax_deferred && so > 0.0;
-        if (defer) s = pend_acquire(&pend, 0);
+        if (defer) s = pend_acquire(&pend, dev, 0);
         if (s == AL_OK) s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL, pend ? pend->host : NULL);
         if (s == AL_OK && pend) {
             s = AL_CUDA_ST(cudaMemcpyAsync(pend->host, r.dsc, NSC * SC_SLOT, cudaMemcpyDeviceToHost, stream));
@@ -844,7 +848,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
             SC(U_DESC_DP) = (float)(a / sdP);
             float g0 = sg > 0.0 ? (float)sg : 1.0f;
             SC(U_SCALE_DQ) = SC(U_SCALE_DK) = SC(U_SCALE_DV) = g0;
-            if (defer) s = pend_acquire(&pend, 1);
+            if (defer) s = pend_acquire(&pend, dev, 1);
             if (s == AL_OK) s = run_once(&r, handle, e, fn, NULL, pend ? pend->host : NULL);
             if (s == AL_OK && pend) {
                 pend->softmax_scale = a;
