@@ -7,7 +7,9 @@ Per shape and mask, forward and backward:
   fused bs3hd / fused separate   target >= 0.97 (packed within 3%)
   torch_cudnn bs3hd / separate   (PyTorch's packed penalty)
   fused bs3hd / torch_cudnn bs3hd  target >= 1.25 (backward)
-plus host overhead per call (target <= 5 us for fused). The fused ratios measure our overhead only when both
+plus host overhead per call (target <= 5 us for fused). Forward ratios use PyTorch's training forward
+(fwd_train_tflops: autograd on, the LSE written, as attnlab's forward always does) when the peer file has it;
+"fu/tcd inf" adds the ratio to its inference forward (torch.no_grad(): no LSE, cuDNN's is_inference graph). The fused ratios measure our overhead only when both
 sides ran the same cuDNN: the "env" records carry each side's version (attnlab: "cudnn=9.14.0 ...", PyTorch:
 91900); the script prints both and a warning when they differ. When the attnlab file holds flash records
 (bench/flash_bench.lua with ATTNLAB_BENCH_OUT), a second table for issue 6:
@@ -73,10 +75,17 @@ def main():
             hosts[r["backend"]] = r
     shapes = sorted({k[:5] for k in tab}, key=lambda k: (k[2], k[0], k[1], k[3], k[4]))
 
-    def ratio(a, b, field):
-        if a is None or b is None or not b.get(field):
+    def ratio(a, b, field, bfield=None):
+        bfield = bfield or field
+        if a is None or b is None or not a.get(field) or not b.get(bfield):
             return None
-        return a[field] / b[field]
+        return a[field] / b[bfield]
+
+    def peer_field(rec, field):
+        """the peer's like-for-like figure: its training forward where it was measured"""
+        if field == "fwd_tflops" and rec is not None and rec.get("fwd_train_tflops"):
+            return "fwd_train_tflops"
+        return field
 
     def fmt(x, target=None):
         if x is None:
@@ -87,8 +96,8 @@ def main():
         return "%6.3f%s" % (x, mark)
 
     print("ratios of TFLOP/s (! = below the issue's target)")
-    hdr = "%-18s %-7s %-4s %8s %8s %8s %8s %8s %8s" % (
-        "b,h,s,d", "mask", "dir", "fused", "torchcd", "fu/tcd", "fu pk/sp", "tcd pk/sp", "fu/tcd pk")
+    hdr = "%-18s %-7s %-4s %8s %8s %8s %8s %8s %8s %8s" % (
+        "b,h,s,d", "mask", "dir", "fused", "torchcd", "fu/tcd", "fu pk/sp", "tcd pk/sp", "fu/tcd pk", "fu/tcd inf")
     print(hdr)
     worst = {}
     for key in shapes:
@@ -96,26 +105,27 @@ def main():
         for direction, field in (("fwd", "fwd_tflops"), ("bwd", "bwd_tflops")):
             fs, fp = g("separate", "fused"), g("bs3hd", "fused")
             ts, tp = g("separate", "torch_cudnn"), g("bs3hd", "torch_cudnn")
-            r1 = ratio(fs, ts, field)
+            r1 = ratio(fs, ts, field, peer_field(ts, field))
             r2 = ratio(fp, fs, field)
             r3 = ratio(tp, ts, field)
-            r4 = ratio(fp, tp, field)
+            r4 = ratio(fp, tp, field, peer_field(tp, field))
+            r5 = ratio(fs, ts, field) if direction == "fwd" and peer_field(ts, field) != field else None
             for name, val in (("fused/torch_cudnn", r1), ("fused packed/separate", r2)):
                 if val is not None:
                     worst[name] = min(worst.get(name, 9e9), val)
             if direction == "bwd" and r4 is not None:
                 worst["fused packed/torch_cudnn packed (bwd)"] = min(worst.get("fused packed/torch_cudnn packed (bwd)", 9e9), r4)
-            print("%-18s %-7s %-4s %8s %8s %s %s %s %s" % (
+            print("%-18s %-7s %-4s %8s %8s %s %s %s %s %s" % (
                 "%d,%d,%d,%d" % key[:4], key[4], direction,
-                "%8.1f" % fs[field] if fs else "       -", "%8.1f" % ts[field] if ts else "       -",
-                fmt(r1, 0.97), fmt(r2, 0.97), fmt(r3), fmt(r4, 1.25 if direction == "bwd" else None)))
+                "%8.1f" % fs[field] if fs else "       -", "%8.1f" % ts[peer_field(ts, field)] if ts else "       -",
+                fmt(r1, 0.97), fmt(r2, 0.97), fmt(r3), fmt(r4, 1.25 if direction == "bwd" else None), fmt(r5)))
     print()
     print("worst cases:")
     targets = {"fused/torch_cudnn": 0.97, "fused packed/separate": 0.97,
                "fused packed/torch_cudnn packed (bwd)": 1.25}
     for name, val in sorted(worst.items()):
         print("  %-40s %.3f (target >= %.2f) %s" % (name, val, targets[name], "ok" if val >= targets[name] else "MISSED"))
-    flash_table(tab, shapes, ratio, fmt)
+    flash_table(tab, shapes, ratio, fmt, peer_field)
     print()
     print("host overhead per call (us, issued / including sync):")
     for be, r in sorted(hosts.items()):
@@ -135,7 +145,7 @@ def flash_target(key, direction):
     return 480.0 if mask != "no_mask" else 550.0
 
 
-def flash_table(tab, shapes, ratio, fmt):
+def flash_table(tab, shapes, ratio, fmt, peer_field):
     keys = [k for k in shapes if (k + ("separate", "flash")) in tab]
     if not keys:
         return
@@ -155,8 +165,9 @@ def flash_table(tab, shapes, ratio, fmt):
                 "%d,%d,%d,%d" % key[:4], key[4], direction,
                 ("%7.1f%s" % (val, mark)) if val is not None else "       -",
                 "%7.0f" % tgt if tgt else "      -",
-                fmt(ratio(fl, fa, field)), fmt(ratio(fl, cd, field)),
-                "%8.1f" % fa[field] if fa else "       -", "%8.1f" % cd[field] if cd else "       -",
+                fmt(ratio(fl, fa, field, peer_field(fa, field))), fmt(ratio(fl, cd, field, peer_field(cd, field))),
+                "%8.1f" % fa[peer_field(fa, field)] if fa else "       -",
+                "%8.1f" % cd[peer_field(cd, field)] if cd else "       -",
                 fmt(ratio(fp, fl, field))))
 
 

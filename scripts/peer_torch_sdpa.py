@@ -7,7 +7,10 @@ CUDNN_ATTENTION and EFFICIENT_ATTENTION backends, with
   separate: q, k, v allocated as [b,s,h,d] and transposed to [b,h,s,d] (PyTorch's layout argument)
   bs3hd:    one [b,s,3,h,d] buffer, qkv.unbind(2) views transposed to [b,h,s,d] (the packed case)
 forward and backward TFLOP/s (forward 4*b*h*s*s*d, halved when causal; backward 2.5x forward), timed
-with CUDA events over N calls after warm-up; plus the host overhead of one tiny SDPA call.
+with CUDA events over N calls after warm-up; plus the host overhead of one tiny SDPA call. The forward is
+timed twice: under torch.no_grad() (fwd_ms: PyTorch's inference forward, which skips the log-sum-exp; for
+cuDNN that is its is_inference graph) and with autograd on (fwd_train_ms: the LSE is written for the
+backward, which is the work attnlab's forward always does; bench_compare.py compares against this one).
 Prints a table and JSON lines (also appended to the file named by --out or ATTNLAB_PEER_OUT).
 Run on the GPU machine:  python3 scripts/peer_torch_sdpa.py [--quick] [--out peer.jsonl]
 """
@@ -95,6 +98,7 @@ def main():
                                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                             with torch.no_grad():
                                 tf = gpu_ms(fwd)
+                            tft = gpu_ms(fwd)   # autograd on: the training forward (LSE kept)
                             o = fwd()
 
                             def bwd():
@@ -103,11 +107,12 @@ def main():
                                 torch.autograd.backward(o, dout, retain_graph=True)
                             tb = gpu_ms(bwd)
                         rec = {"kind": "attention", "b": b, "h": h, "s": s, "d": d, "mask": mask, "layout": layout,
-                               "backend": "torch_" + name, "fwd_ms": tf, "bwd_ms": tb,
-                               "fwd_tflops": flops / (tf * 1e-3) / 1e12, "bwd_tflops": 2.5 * flops / (tb * 1e-3) / 1e12}
-                        print("%-20s %-7s %-8s %-10s %9.3f %9.1f %9.3f %9.1f" % (
+                               "backend": "torch_" + name, "fwd_ms": tf, "bwd_ms": tb, "fwd_train_ms": tft,
+                               "fwd_tflops": flops / (tf * 1e-3) / 1e12, "bwd_tflops": 2.5 * flops / (tb * 1e-3) / 1e12,
+                               "fwd_train_tflops": flops / (tft * 1e-3) / 1e12}
+                        print("%-20s %-7s %-8s %-10s %9.3f %9.1f %9.3f %9.1f  training fwd %.3f ms %.1f TF/s" % (
                             "%d,%d,%d,%d" % (b, h, s, d), mask, layout, name, tf, rec["fwd_tflops"], tb,
-                            rec["bwd_tflops"]))
+                            rec["bwd_tflops"], tft, rec["fwd_train_tflops"]))
                         emit(rec)
                     except Exception as e:  # a backend refusing a shape is a result, not a failure
                         msg = str(e).replace("\n", " ")[:160]

@@ -2,7 +2,8 @@
 -- writers' (bench/flash_bench.lua, scripts/peer_torch_sdpa.py with its "JSON " prefixes): the flash table
 -- (issue 6) shows each shape's TFLOP/s, the ratios to PyTorch's FA2 and cuDNN and packed/separate,
 -- computed here from random values, and marks the cells below issue 6's targets; the fused table (issue 5)
--- is unchanged by flash records; both sides' cuDNN versions are named, with a warning when they differ.
+-- is unchanged by flash records; both sides' cuDNN versions are named, with a warning when they differ;
+-- forward ratios use PyTorch's training forward when the peer measured it, the inference one beside it.
 -- Pending without python3.
 package.path = "tests/spec/?.lua;" .. package.path
 local shell = require "shell"
@@ -117,5 +118,38 @@ describe("scripts/bench_compare.py", function()
     assert.truthy(same:find("cuDNN: attnlab 9.19.0, PyTorch 9.19.0", 1, true), same)
     assert.falsy(same:find("WARNING", 1, true), same)
     assert.truthy(same:find("fused/torch_cudnn", 1, true) or same:find("fu/tcd", 1, true), same)
+  end)
+  it("compares the forward with PyTorch's training forward (LSE kept) and shows the inference ratio beside it", function()
+    if not have_python() then pending("no python3") return end
+    math.randomseed(os.time())
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. q(dir)))
+    local fo, fp = dir .. "/ours.jsonl", dir .. "/peer.jsonl"
+    local ours_f, ours_b = 500 + 200 * math.random(), 300 + 200 * math.random()
+    local inf, train, tb = 500 + 200 * math.random(), 450 + 150 * math.random(), 300 + 200 * math.random()
+    local base = { kind = "attention", b = 2, h = 16, s = 8192, d = 128, mask = "no_mask", layout = "separate", fwd_ms = 1, bwd_ms = 2 }
+    local a, b = {}, {}
+    for k, v in pairs(base) do a[k] = v; b[k] = v end
+    a.source, a.backend, a.fwd_tflops, a.bwd_tflops = "attnlab", "fused", ours_f, ours_b
+    b.source, b.backend, b.fwd_tflops, b.bwd_tflops, b.fwd_train_tflops, b.fwd_train_ms = "torch", "torch_cudnn", inf, tb, train, 1.1
+    local f = assert(io.open(fo, "w")); f:write(rec(a), "\n"); f:close()
+    f = assert(io.open(fp, "w")); f:write("JSON " .. rec(b), "\n"); f:close()
+    local out, ok = sh("cd " .. q(root) .. " && python3 scripts/bench_compare.py " .. q(fo) .. " " .. q(fp))
+    os.execute("rm -rf " .. q(dir))
+    assert(ok, out)
+    local line = out:match("\n(2,16,8192,128%s+no_mask%s+fwd[^\n]*)")
+    assert(line, out)
+    local nums = {}
+    for x in line:gmatch("%s(%d+%.%d+)") do nums[#nums + 1] = tonumber(x) end
+    -- fused, torch (training), fu/tcd (training), ..., fu/tcd inf (last)
+    assert(math.abs(nums[1] - ours_f) < 0.06 and math.abs(nums[2] - train) < 0.06, line)
+    assert(math.abs(nums[3] - ours_f / train) < 6e-4, line)
+    assert(math.abs(nums[#nums] - ours_f / inf) < 6e-4, line)
+    local bline = out:match("\n(2,16,8192,128%s+no_mask%s+bwd[^\n]*)")
+    local bn = {}
+    for x in bline:gmatch("%s(%d+%.%d+)") do bn[#bn + 1] = tonumber(x) end
+    assert(math.abs(bn[3] - ours_b / tb) < 6e-4, bline)      -- the backward is unchanged
+    assert.falsy(bline:match("%d%s*$") and #bn > 3, bline)     -- no inference column for the backward
   end)
 end)
