@@ -3,6 +3,7 @@
 #   make            lib/libattnlab.so (the core, no CUDA dependency) and, when nvcc is found,
 #                   lib/libattnlab_cuda.so (the CUDA plugin: sm_90a + sm_80)
 #   make test       C unit tests + busted specs under LuaJIT; ends with "N passed, N failed[, N skipped]"
+#   make tests      builds the C unit tests only (build/tests/; e.g. to carry to the GPU machine)
 #   make bench      every bench/*.lua (CPU, and GPU where one is usable); on a GPU, the chart report
 #                   build/bench/report/index.md (scripts/bench_report.lua, with the peer's curves if measured)
 #   make demo       installs what is missing (make deps), builds, runs examples/demo.lua
@@ -101,6 +102,10 @@ $(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
 # element, padding and gaps included; a backend that misses one fails its spec instead of reading zeros).
 # Each suite prints its own "N passed, N failed" line into the log; scripts/tally.sh adds them up and
 # prints the grand total as the last line (non-zero exit if anything failed).
+# build the C tests without running them (a folder is named tests/, hence .PHONY)
+.PHONY: tests
+tests: all $(C_TESTS)
+
 test: all $(C_TESTS)
 	@mkdir -p $(BUILD)
 	@rm -f $(BUILD)/test.log
