@@ -619,7 +619,8 @@ struct al_attn_fp8 {
                                     it fills then hold NaN until al_attn_fp8_settle(f). A later call of the
                                     same direction on f supersedes them; one of the other direction settles
                                     them first. 0 (default): amax[] is filled on return */
-    void   *pending;             /* out: non-NULL while deferred amaxes are outstanding (opaque) */
+    void   *pending;             /* out: non-NULL while deferred amaxes are outstanding (opaque; owned by this
+                                    struct: a byte copy of it does not settle them, and reads NaN) */
 };
 void al_attn_fp8_init(al_attn_fp8 *f);
 /* Waits for the deferred amaxes of the last call made with f (if any), writes them into f->amax and

@@ -169,6 +169,10 @@ AL_EXPORT void al_attn_fp8_init(al_attn_fp8 *f) {
 static void fp8_take_pending(al_attn_fp8 *f, int backward) {
     if (!f || !f->pending) return;
     al_fp8_pending *p = (al_fp8_pending *)f->pending;
+    if (p->owner != f) {   /* a copy of the owner's struct: not ours to settle or release */
+        f->pending = NULL;
+        return;
+    }
     if (p->backward != backward) {
         p->settle(p, f);
         return;
@@ -180,6 +184,10 @@ static void fp8_take_pending(al_attn_fp8 *f, int backward) {
 AL_EXPORT void al_attn_fp8_settle(al_attn_fp8 *f) {
     if (!f || !f->pending) return;
     al_fp8_pending *p = (al_fp8_pending *)f->pending;
+    if (p->owner != f) {   /* a copy of the owner's struct (see al_fp8_pending): its amaxes stay NaN */
+        f->pending = NULL;
+        return;
+    }
     p->settle(p, f);   /* clears f->pending */
 }
 

@@ -60,11 +60,14 @@ typedef struct al_attn_plan {
 /* What al_attn_fp8.pending points at: a backend's record of amaxes still on their way (al_attn_fp8.
  * amax_deferred). settle() waits for them, writes them into f->amax, releases the record and clears
  * f->pending; drop() releases it without waiting (a later call of the same direction on the same f
- * supersedes it: the same amax slots). backward: which direction's slots it fills. */
+ * supersedes it: the same amax slots). backward: which direction's slots it fills. owner: the struct it
+ * was attached to; the front door acts on the record only through its owner (a byte copy of the struct
+ * carries the pointer too: through the copy the field is only cleared, so a record is released once). */
 typedef struct al_fp8_pending {
     void (*settle)(struct al_fp8_pending *self, al_attn_fp8 *f);
     void (*drop)(struct al_fp8_pending *self);
     int32_t backward;
+    const al_attn_fp8 *owner;
 } al_fp8_pending;
 
 typedef struct al_attn_backend {

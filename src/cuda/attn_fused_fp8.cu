@@ -727,6 +727,7 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     if (s == AL_OK) {
         if (pend) {   /* known at al_attn_fp8_settle */
             f->amax[AL_FP8_SLOT_S] = f->amax[AL_FP8_SLOT_O] = NAN;
+            pend->base.owner = f;
             f->pending = &pend->base;
         } else {
             f->amax[AL_FP8_SLOT_S] = (double)SC(U_AMAX_S);
@@ -878,6 +879,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     if (s == AL_OK) {
         if (pend) {   /* known at al_attn_fp8_settle */
             f->amax[AL_FP8_SLOT_DO] = f->amax[AL_FP8_SLOT_DP] = f->amax[AL_FP8_SLOT_DQKV] = NAN;
+            pend->base.owner = f;
             f->pending = &pend->base;
         } else {
             f->amax[AL_FP8_SLOT_DO] = am_do;

@@ -1,6 +1,7 @@
 /* test_fp8.c — FP8 C API: amax, quantise/dequantise against the scalar encoders, per-row scales, MXFP8
  * block scales, and FP8 attention settings (validation, reported amaxes) on the cpu backend. */
 #include "test_main.h"
+#include "attention_internal.h"   /* al_fp8_pending: a fake backend record for the deferred-amax rules */
 #include <math.h>
 #include <stdlib.h>
 
@@ -118,10 +119,89 @@ static void test_attention_fp8(void) {
     al_tensor_release(&q); al_tensor_release(&k); al_tensor_release(&v); al_tensor_release(&q8); al_tensor_release(&qkv);
 }
 
+/* A stand-in for a backend's deferred-amax record (the fused GPU path's, attn_fused_fp8.cu): counts what the
+ * front door asks of it; settle writes a recognisable amax. */
+typedef struct {
+    al_fp8_pending base;
+    int settled, dropped;
+} fake_pending;
+static void fake_settle(al_fp8_pending *self, al_attn_fp8 *f) {
+    ((fake_pending *)self)->settled++;
+    f->pending = NULL;
+    f->amax[self->backward ? AL_FP8_SLOT_DP : AL_FP8_SLOT_S] = 0.25;
+}
+static void fake_drop(al_fp8_pending *self) { ((fake_pending *)self)->dropped++; }
+static void fake_attach(fake_pending *r, al_attn_fp8 *f, int backward) {
+    memset(r, 0, sizeof *r);
+    r->base.settle = fake_settle;
+    r->base.drop = fake_drop;
+    r->base.backward = backward;
+    r->base.owner = f;
+    f->pending = &r->base;
+}
+
+/* al_attn_fp8_settle and the front door's rules for a record left by an earlier call on the same struct: a
+ * call of the same direction supersedes it (dropped, not waited for), one of the other direction settles it
+ * first, a byte copy of the struct never touches it. On CPU tensors (the cpu emulation fills amax itself). */
+static void test_deferred_rules(void) {
+    al_tensor qkv, q8, q, k, v, out, lse;
+    int64_t s[5] = {1, 24, 3, 2, 16};
+    randn(&qkv, 5, s, 5);
+    CHECK_OK(al_fp8_quantize(&q8, &qkv, AL_DTYPE_FP8_E4M3, 64.0));
+    CHECK_OK(al_tensor_select(&q, &q8, 2, 0));
+    CHECK_OK(al_tensor_select(&k, &q8, 2, 1));
+    CHECK_OK(al_tensor_select(&v, &q8, 2, 2));
+    al_attn_params p;
+    al_attn_params_init(&p);
+    p.qkv_format = AL_ATTN_FORMAT_BSHD;
+    al_attn_fp8 f;
+    al_attn_fp8_init(&f);
+    f.qkv_scale_inv = 1.0 / 64.0;
+    f.scale[AL_FP8_SLOT_S] = 448.0;
+    f.scale[AL_FP8_SLOT_O] = 16.0;
+    f.amax_deferred = 1;
+    al_attn_inputs in = {0};
+    in.q = &q; in.k = &k; in.v = &v; in.fp8 = &f;
+
+    al_attn_fp8_settle(NULL);                 /* no-ops */
+    al_attn_fp8_settle(&f);
+    fake_pending r;
+    fake_attach(&r, &f, 0);
+    al_attn_fp8_settle(&f);
+    CHECK(r.settled == 1 && r.dropped == 0 && f.pending == NULL && f.amax[AL_FP8_SLOT_S] == 0.25, "settle: %d %d", r.settled, r.dropped);
+
+    fake_attach(&r, &f, 0);                   /* a forward supersedes a pending forward */
+    CHECK_OK(al_attn_forward(&p, &in, &out, &lse, NULL));
+    CHECK(r.dropped == 1 && r.settled == 0 && f.pending == NULL, "forward over a forward: dropped %d settled %d", r.dropped, r.settled);
+    CHECK(f.amax[AL_FP8_SLOT_S] > 0 && f.amax[AL_FP8_SLOT_S] <= 1.0 && f.amax[AL_FP8_SLOT_S] != 0.25, "the cpu forward's amax S %g",
+          f.amax[AL_FP8_SLOT_S]);
+    al_tensor_release(&out); al_tensor_release(&lse);
+
+    fake_attach(&r, &f, 1);                   /* a forward settles a pending backward (other slots) */
+    f.amax[AL_FP8_SLOT_DP] = NAN;
+    CHECK_OK(al_attn_forward(&p, &in, &out, &lse, NULL));
+    CHECK(r.settled == 1 && r.dropped == 0 && f.amax[AL_FP8_SLOT_DP] == 0.25, "forward over a backward: settled %d", r.settled);
+    al_tensor_release(&out); al_tensor_release(&lse);
+
+    fake_attach(&r, &f, 0);                   /* a byte copy carries the pointer but does not own the record */
+    al_attn_fp8 g = f;
+    al_attn_fp8_settle(&g);
+    CHECK(g.pending == NULL && r.settled == 0 && r.dropped == 0 && f.pending == &r.base, "the copy left the record alone");
+    in.fp8 = &g;
+    g.pending = &r.base;
+    CHECK_OK(al_attn_forward(&p, &in, &out, &lse, NULL));
+    CHECK(r.settled == 0 && r.dropped == 0 && f.pending == &r.base, "a call through the copy left the record alone");
+    al_tensor_release(&out); al_tensor_release(&lse);
+    al_attn_fp8_settle(&f);
+    CHECK(r.settled == 1 && f.pending == NULL, "the owner settles it");
+    al_tensor_release(&q); al_tensor_release(&k); al_tensor_release(&v); al_tensor_release(&q8); al_tensor_release(&qkv);
+}
+
 int main(void) {
     RUN(test_amax_strided);
     RUN(test_quantize_bits);
     RUN(test_mx_and_rows);
     RUN(test_attention_fp8);
+    RUN(test_deferred_rules);
     return SUMMARY("fp8");
 }
