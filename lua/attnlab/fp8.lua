@@ -199,6 +199,13 @@ function Recipe:settle()
   for i = 1, #p do p[i]() end
 end
 
+-- Queue fn (a deferred record) to run at the next settle, after those queued before it.
+function Recipe:defer(fn)
+  local p = rawget(self, "_pending")
+  if not p then p = {}; self._pending = p end
+  p[#p + 1] = fn
+end
+
 -- The scale a slot uses for its next quantisation (delayed slots), or from a current amax.
 function Recipe:compute_scale(slot, amax)
   self:settle()
@@ -424,18 +431,20 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
     if packed and combine then srcs = { packed }
     elseif info.mode == "kv" and combine then srcs = { q, info.kv_layer }
     else srcs = { q, k, v } end
+    -- the max over srcs of get(x), in order (math.max's NaN handling, as math.max(a, b, c))
+    local function max_of(get)
+      local m = get(srcs[1])
+      for i = 2, #srcs do m = math.max(m, get(srcs[i])) end
+      return m
+    end
     if sq.mode == "delayed" and not dry and q:device() ~= "cpu" then
       -- delayed: this amax only joins the history, so it stays on the GPU until the recipe settles (no sync)
       local t = {}
-      for i, x in ipairs(srcs) do t[i] = M.amax_tensor(x) end
-      amax = function()
-        local m = t[1]:item()
-        for i = 2, #t do m = math.max(m, t[i]:item()) end
-        return m
-      end
-    elseif #srcs == 1 then amax = M.amax(srcs[1])
-    elseif #srcs == 2 then amax = math.max(M.amax(srcs[1]), M.amax(srcs[2]))
-    else amax = math.max(M.amax(srcs[1]), M.amax(srcs[2]), M.amax(srcs[3])) end
+      for _, x in ipairs(srcs) do t[x] = M.amax_tensor(x) end
+      amax = function() return max_of(function(x) return t[x]:item() end) end
+    else
+      amax = max_of(M.amax)
+    end
     local scale
     if sq.mode == "delayed" then scale = sq.scale
     else scale = r:compute_scale("qkv", amax) end
@@ -466,9 +475,7 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
     f.scale[i] = m == "delayed" and r.slots[s].scale or (m == "current" and 0 or -1)
   end
   if type(amax) == "function" then
-    local pend = rawget(r, "_pending") or {}
-    r._pending = pend
-    pend[#pend + 1] = function() r:record("qkv", amax()) end
+    r:defer(function() r:record("qkv", amax()) end)
   elseif not dry then r:record("qkv", amax) end
   return q8, k8, v8, f, keep, { in_dtype = in_dtype }
 end
@@ -480,13 +487,11 @@ function M.finish_forward(al, r, f, out, post, info)
   local mo = r.slots.o.mode
   if f.pending ~= nil then   -- S and O amaxes still on their way (only when O's scale was given)
     r.slots.o.last_scale = f.scale_used[2]
-    local pend = rawget(r, "_pending") or {}
-    r._pending = pend
-    pend[#pend + 1] = function()
+    r:defer(function()
       C.al_attn_fp8_settle(f)
       r:record("s", f.amax[1])
       r:record("o", f.amax[2])
-    end
+    end)
     r.steps = r.steps + 1
     return out
   end
@@ -543,14 +548,12 @@ function M.finish_backward(al, r, f, grads_list, do_done)
     r.slots["do"].last_scale = f.scale_used[3]
     r.slots.dp.last_scale = f.scale_used[4]
     r.slots.dqkv.last_scale = f.scale_used[5]
-    local pend = rawget(r, "_pending") or {}
-    r._pending = pend
-    pend[#pend + 1] = function()
+    r:defer(function()
       C.al_attn_fp8_settle(f)
       r:record("do", f.amax[3])
       r:record("dp", f.amax[4])
       r:record("dqkv", f.amax[5])
-    end
+    end)
     return
   end
   if not do_done then

@@ -214,7 +214,7 @@ al_status al_cu_amax_into(const al_tensor *x, double *dst) {
     al_td_coalesce(1, &t);
     const char *dense = al_half_or_f32(x->dtype) ? al_td_dense16(t, al_dtype_size(x->dtype)) : NULL;
     unsigned grid = dense ? al_vec_grid(dev, n) : al_cu_grid(dev, n);
-    int64_t nbytes = (int64_t)sizeof(double) * ((int64_t)grid + 1);
+    int64_t nbytes = (int64_t)sizeof(double) * (int64_t)grid;   /* one partial per block */
     double *buf = NULL;
     AL_TRY(al_cu_malloc(dev, nbytes, (void **)&buf));
     al_status st;

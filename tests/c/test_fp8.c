@@ -88,24 +88,44 @@ static void test_mx_and_rows(void) {
     al_tensor_release(&q); al_tensor_release(&sc); al_tensor_release(&d); al_tensor_release(&x);
 }
 
-static void test_attention_fp8(void) {
-    al_tensor qkv, q8, q, k, v, out, lse;
-    int64_t s[5] = {2, 40, 3, 2, 16};
-    randn(&qkv, 5, s, 4);
-    CHECK_OK(al_fp8_quantize(&q8, &qkv, AL_DTYPE_FP8_E4M3, 64.0));
-    CHECK_OK(al_tensor_select(&q, &q8, 2, 0));
-    CHECK_OK(al_tensor_select(&k, &q8, 2, 1));
-    CHECK_OK(al_tensor_select(&v, &q8, 2, 2));
+/* FP8 attention on CPU tensors: a random packed bshd qkv [b, s, 3, 2, 16] quantised with scale 64, q/k/v its
+ * select views, bshd params, FP8 settings with S's scale 448 and the given O scale (in.fp8 left NULL) */
+typedef struct {
+    al_tensor qkv, q8, q, k, v;
     al_attn_params p;
-    al_attn_params_init(&p);
-    p.qkv_format = AL_ATTN_FORMAT_BSHD;
     al_attn_fp8 f;
-    al_attn_fp8_init(&f);
-    f.qkv_scale_inv = 1.0 / 64.0;
-    f.scale[AL_FP8_SLOT_S] = 448.0;
-    f.scale[AL_FP8_SLOT_O] = 0.0;   /* current */
-    al_attn_inputs in = {0};
-    in.q = &q; in.k = &k; in.v = &v;
+    al_attn_inputs in;
+} fp8_case;
+
+static void fp8_case_init(fp8_case *c, int64_t b, int64_t sq, uint64_t seed, double scale_o) {
+    memset(c, 0, sizeof *c);
+    int64_t s[5] = {b, sq, 3, 2, 16};
+    randn(&c->qkv, 5, s, seed);
+    CHECK_OK(al_fp8_quantize(&c->q8, &c->qkv, AL_DTYPE_FP8_E4M3, 64.0));
+    CHECK_OK(al_tensor_select(&c->q, &c->q8, 2, 0));
+    CHECK_OK(al_tensor_select(&c->k, &c->q8, 2, 1));
+    CHECK_OK(al_tensor_select(&c->v, &c->q8, 2, 2));
+    al_attn_params_init(&c->p);
+    c->p.qkv_format = AL_ATTN_FORMAT_BSHD;
+    al_attn_fp8_init(&c->f);
+    c->f.qkv_scale_inv = 1.0 / 64.0;
+    c->f.scale[AL_FP8_SLOT_S] = 448.0;
+    c->f.scale[AL_FP8_SLOT_O] = scale_o;
+    c->in.q = &c->q; c->in.k = &c->k; c->in.v = &c->v;
+}
+
+static void fp8_case_release(fp8_case *c) {
+    al_tensor_release(&c->q); al_tensor_release(&c->k); al_tensor_release(&c->v);
+    al_tensor_release(&c->q8); al_tensor_release(&c->qkv);
+}
+
+static void test_attention_fp8(void) {
+    fp8_case c;
+    fp8_case_init(&c, 2, 40, 4, 0.0);   /* O: current */
+    al_attn_params p = c.p;
+    al_attn_fp8 f = c.f;
+    al_attn_inputs in = c.in;
+    al_tensor out, lse;
     CHECK_ERR(al_attn_forward(&p, &in, &out, &lse, NULL), AL_ERR_ARG, "FP8 inputs need FP8 settings");
     in.fp8 = &f;
     CHECK_OK(al_attn_forward(&p, &in, &out, &lse, NULL));
@@ -116,7 +136,7 @@ static void test_attention_fp8(void) {
     f.scale[AL_FP8_SLOT_S] = 0.0;
     CHECK_ERR(al_attn_forward(&p, &in, &out, &lse, NULL), AL_ERR_ARG, "produced inside the kernel");
     CHECK(al_sizeof("al_attn_fp8") == (int64_t)sizeof(al_attn_fp8), "sizeof row");
-    al_tensor_release(&q); al_tensor_release(&k); al_tensor_release(&v); al_tensor_release(&q8); al_tensor_release(&qkv);
+    fp8_case_release(&c);
 }
 
 /* A stand-in for a backend's deferred-amax record (the fused GPU path's, attn_fused_fp8.cu): counts what the
@@ -144,24 +164,14 @@ static void fake_attach(fake_pending *r, al_attn_fp8 *f, int backward) {
  * call of the same direction supersedes it (dropped, not waited for), one of the other direction settles it
  * first, a byte copy of the struct never touches it. On CPU tensors (the cpu emulation fills amax itself). */
 static void test_deferred_rules(void) {
-    al_tensor qkv, q8, q, k, v, out, lse;
-    int64_t s[5] = {1, 24, 3, 2, 16};
-    randn(&qkv, 5, s, 5);
-    CHECK_OK(al_fp8_quantize(&q8, &qkv, AL_DTYPE_FP8_E4M3, 64.0));
-    CHECK_OK(al_tensor_select(&q, &q8, 2, 0));
-    CHECK_OK(al_tensor_select(&k, &q8, 2, 1));
-    CHECK_OK(al_tensor_select(&v, &q8, 2, 2));
-    al_attn_params p;
-    al_attn_params_init(&p);
-    p.qkv_format = AL_ATTN_FORMAT_BSHD;
-    al_attn_fp8 f;
-    al_attn_fp8_init(&f);
-    f.qkv_scale_inv = 1.0 / 64.0;
-    f.scale[AL_FP8_SLOT_S] = 448.0;
-    f.scale[AL_FP8_SLOT_O] = 16.0;
+    fp8_case c;
+    fp8_case_init(&c, 1, 24, 5, 16.0);
+    al_attn_params p = c.p;
+    al_attn_fp8 f = c.f;
     f.amax_deferred = 1;
-    al_attn_inputs in = {0};
-    in.q = &q; in.k = &k; in.v = &v; in.fp8 = &f;
+    al_attn_inputs in = c.in;
+    in.fp8 = &f;
+    al_tensor out, lse;
 
     al_attn_fp8_settle(NULL);                 /* no-ops */
     al_attn_fp8_settle(&f);
@@ -194,7 +204,7 @@ static void test_deferred_rules(void) {
     al_tensor_release(&out); al_tensor_release(&lse);
     al_attn_fp8_settle(&f);
     CHECK(r.settled == 1 && f.pending == NULL, "the owner settles it");
-    al_tensor_release(&q); al_tensor_release(&k); al_tensor_release(&v); al_tensor_release(&q8); al_tensor_release(&qkv);
+    fp8_case_release(&c);
 }
 
 int main(void) {
