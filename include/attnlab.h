@@ -604,7 +604,9 @@ typedef enum al_fp8_slot {
 struct al_attn_fp8 {
     int32_t fwd_format;          /* AL_DTYPE_FP8_E4M3 (default) or E5M2: QKV, S, O */
     int32_t bwd_format;          /* dO, dP, dQKV (HYBRID: E5M2; default E4M3) */
-    int32_t out_dtype;           /* dtype of the (dequantised) output O: f32 (default), f64, f16, bf16 */
+    int32_t out_dtype;           /* dtype of the (dequantised) output O: f32 (default), f64, f16, bf16; or
+                                    fwd_format (TE's fp8_output): out holds O's FP8 codes, read as
+                                    code / scale_used[O] (O scaled per tensor; the backward takes them) */
     int32_t o_per_token;         /* 1: O is current-scaled per token (one scale per (b, token) over h, d) */
     double  margin;              /* for current scaling */
     double  qkv_scale_inv;       /* descale of FP8 q, k, v (when no per-token descales are given) */

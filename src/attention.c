@@ -127,8 +127,18 @@ static al_status check_fp8(const al_attn_plan *pl) {
     if (!is_fp8_dtype(f->fwd_format) || !is_fp8_dtype(f->bwd_format))
         return al_error(AL_ERR_ARG, "attention: fp8.fwd_format and fp8.bwd_format must be fp8_e4m3 or fp8_e5m2, got codes %d and %d",
                         f->fwd_format, f->bwd_format);
-    if (!al_dtype_is_float(f->out_dtype) || is_fp8_dtype(f->out_dtype))
-        return al_error(AL_ERR_ARG, "attention: fp8.out_dtype must be f32, f64, f16 or bf16, got code %d", f->out_dtype);
+    if (!al_dtype_is_float(f->out_dtype))
+        return al_error(AL_ERR_ARG, "attention: fp8.out_dtype must be f32, f64, f16, bf16 or fwd_format (FP8 output), got code %d",
+                        f->out_dtype);
+    if (is_fp8_dtype(f->out_dtype)) {   /* TE's fp8_output: O's FP8 codes, one per-tensor scale (scale_used[O]) */
+        if (f->out_dtype != f->fwd_format)
+            return al_error(AL_ERR_ARG, "attention: an FP8 fp8.out_dtype (fp8_output) must be fwd_format %s, got %s",
+                            al_dtype_name(f->fwd_format), al_dtype_name(f->out_dtype));
+        if (f->o_per_token || f->scale[AL_FP8_SLOT_O] < 0.0)
+            return al_error(AL_ERR_ARG, "attention: FP8 output (fp8_output) needs O quantised in the call with one scale (given "
+                            "or current per tensor), got %s", f->o_per_token ? "per-token O scaling" : "fp8.scale[O] < 0 "
+                            "(O quantised outside the call, by a Lua or MXFP8 recipe)");
+    }
     if (!isfinite(f->margin)) return al_error(AL_ERR_ARG, "attention: fp8.margin must be finite, got %g", f->margin);
     for (int i = 0; i < 6; i++) {
         if (!isfinite(f->scale[i]))

@@ -405,11 +405,21 @@ local function apply_fp8(al, fname, args, defaults, inp, refs, mode, fmt_name, d
   if r == nil and defaults then r = defaults.fp8_recipe end
   local fp8 = LOADED["attnlab.fp8"]
   if r == nil and fp8 then r = fp8.active_recipe() end
-  if not r then return nil end
+  if not r then
+    if args.fp8_output or (args.fp8_output == nil and defaults and defaults.fp8_output) then
+      error(fname .. ": fp8_output: FP8 output needs an FP8 recipe (fp8_recipe=, the module's, or al.fp8.autocast)", 4)
+    end
+    return nil
+  end
   fp8 = fp8 or require "attnlab.fp8"
   if not fp8.is_recipe(r) then error(fname .. ": fp8_recipe: expected an al.fp8 recipe, got " .. tostring(r), 4) end
+  local fp8_output = args.fp8_output
+  if fp8_output == nil and defaults then fp8_output = defaults.fp8_output end
+  if fp8_output ~= nil and type(fp8_output) ~= "boolean" then
+    error(fname .. ": fp8_output: expected a boolean, got " .. type(fp8_output), 4)
+  end
   local info = { mode = mode, qkv_layer = args.qkv_layer, kv_layer = args.kv_layer, dim = args.qkv_interleave_dim or -3,
-    fmt_name = fmt_name, combine = args.fp8_combine }
+    fmt_name = fmt_name, combine = args.fp8_combine, fp8_output = fp8_output }
   local q8, k8, v8, f, keep, post = fp8.prepare_forward(al, r, info, refs.q, refs.k, refs.v, dry)
   inp.q, inp.k, inp.v = q8.raw, k8.raw, v8.raw
   inp.fp8 = f
@@ -527,6 +537,9 @@ function M.forward(al, args, defaults, level)
     out = out, lse = lse, args = args, fp8 = f8,
     qkv_interleave_dim = args.qkv_interleave_dim or -3 }
   local flat = flatten(out)
+  if f8 and f8.f.out_dtype == f8.recipe.fwd_format then   -- fp8_output: codes + O's scale, like TE's Float8Tensor
+    flat = f8.module.wrap(flat, f8.f.scale_used[2], f8.recipe.fwd_format)
+  end
   if p.return_max_logit ~= 0 then
     ctx.max_logit = ml
     return flat, ml, ctx

@@ -60,6 +60,10 @@ function F8:dequantize(dtype)
   return out
 end
 function F8:size(...) return self.data:size(...) end
+-- an FP8 tensor object around codes that carry scale (attention's fp8_output)
+function M.wrap(data, scale, format)
+  return setmetatable({ data = data, scale = scale, scale_inv = 1 / scale, format = FMT_NAME[fmt_code("fp8.wrap", format)] }, F8)
+end
 function F8:__tostring()
   return string.format("al.fp8 tensor (%s, scale %.6g, shape [%s])", self.format, self.scale,
     table.concat(self.data:size(), ","))
@@ -382,6 +386,15 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
   f.margin = r.margin
   local in_dtype = q:dtype()
   f.out_dtype = T.parse_dtype(in_dtype)
+  if info.fp8_output then
+    -- TE's fp8_output: O comes back as its FP8 codes with O's one per-tensor scale (no dequantisation pass)
+    local mo = r.slots.o.mode
+    if mo ~= "delayed" and mo ~= "current" then
+      error("attention.forward: fp8_output: needs the recipe's O slot scaled per tensor in the call (delayed or current), " ..
+        "got mode '" .. tostring(mo) .. "'", 0)
+    end
+    f.out_dtype = r.fwd_format
+  end
   local keep = {}
   local sq = r.slots.qkv
   local fmt = r.fwd_format

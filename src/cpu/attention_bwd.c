@@ -65,6 +65,17 @@ al_status al_cpu_attn_backward(const al_attn_plan *pl, const al_tensor *out, con
     /* FP8: dO is quantised -> dequantised into an f32 copy before the kernel; the kernel writes dq, dk,
      * dv in f32 into temporaries, from which the dQKV slot (one scale over all three) is stored */
     al_attn_fp8 *fx = pl->in.fp8;
+    /* fp8_output: out holds O's FP8 codes; the kernel reads O as code / scale_used[O] in f64, exactly what a
+     * float output held in value (its re-quantisation with the same scale gives back the same codes) */
+    al_tensor o64 = {0};
+    if (s == AL_OK && (out->dtype == AL_DTYPE_FP8_E4M3 || out->dtype == AL_DTYPE_FP8_E5M2)) {
+        const double so = fx ? fx->scale_used[AL_FP8_SLOT_O] : 0.0;
+        if (!(so > 0.0))
+            s = al_error(AL_ERR_ARG, "attention_backward (cpu): out holds FP8 codes (fp8_output), but fp8.scale_used[O] is %g, "
+                         "not the forward's per-tensor scale", so);
+        else s = al_fp8_dequantize(&o64, out, 1.0 / so, AL_DTYPE_F64);
+        if (s == AL_OK) out = &o64;
+    }
     al_attn_f8 f8 = {0};
     al_tensor d8 = {0}, tg[3] = {{0}, {0}, {0}};
     const al_tensor *kdout = dout;
@@ -123,6 +134,7 @@ al_status al_cpu_attn_backward(const al_attn_plan *pl, const al_tensor *out, con
         fx->scale_used[AL_FP8_SLOT_DP] = f8.sdP >= 0 ? f8.sdP : -1.0;
     }
     free(f8.amax_thr);
+    al_tensor_release(&o64);
     al_tensor_release(&d8);
     for (int t = 0; t < 3; t++) al_tensor_release(&tg[t]);
     al_tensor_release(&lc);

@@ -78,6 +78,7 @@ al_status al_attn_f8_store(al_tensor *dst, const al_tensor *src, int32_t fmt, do
                            double pow2m) {
     const float *x = (const float *)al_tensor_data_ptr(src);
     const double fmax = al_fp8_fmax(fmt);
+    const int fp8_dst = (dst->dtype == AL_DTYPE_FP8_E4M3 || dst->dtype == AL_DTYPE_FP8_E5M2) && scale > 0.0;
     al_iter it;
     const int64_t *strides[1] = {dst->stride};
     al_iter_init(&it, dst->ndim, dst->size, 1, strides, &dst->offset);
@@ -90,7 +91,10 @@ al_status al_attn_f8_store(al_tensor *dst, const al_tensor *src, int32_t fmt, do
             rinv = 1.0 / rs;
         }
         double v = (double)x[i];
-        al_store_f64(dst->data, dst->dtype, it.off[0], rs < 0 ? v : al_attn_fq(fmt, v, rs, rinv));
+        /* an FP8 dst (fp8_output) takes the code itself: the store encodes v * rs once (the same rounding
+         * al_attn_fq applies before decoding) */
+        if (fp8_dst) al_store_f64(dst->data, dst->dtype, it.off[0], v * rs);
+        else al_store_f64(dst->data, dst->dtype, it.off[0], rs < 0 ? v : al_attn_fq(fmt, v, rs, rinv));
     }
     return AL_OK;
 }

@@ -11,7 +11,8 @@
  *             only in FP8, so the O amax is measured by a first run and the graph runs again with
  *             fp8_max / amax / 2^margin (two runs; TE runs current scaling fused only on Blackwell,
  *             where O may be bf16). The caller gets O dequantised into fp8.out_dtype (a separate
- *             pass after the graph); amax[O] is the pre-quantisation O.
+ *             pass after the graph), or with fp8_output (out_dtype = the FP8 format) the graph's codes
+ *             themselves; amax[O] is the pre-quantisation O.
  *   dO        the float dout quantised with scale[DO] (given, or current from its amax) before the run
  *   dP        the emulation quantises the score gradient dS = P (dP - D) and then multiplies by the
  *             softmax scale; cuDNN's graph multiplies first and quantises after. The graph is fed
@@ -717,8 +718,14 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     pthread_mutex_unlock(&g_lock);
     run_free(&r);
     if (prof) pt[F8P_READBACK + 1] = al_hprof_now();
-    /* O into the caller's dtype: decode(code) / scale_O, rounded once */
-    if (s == AL_OK) s = al_fp8_dequantize(out, &o8, 1.0 / (double)(float)so, f->out_dtype);
+    /* O into the caller's dtype: decode(code) / scale_O, rounded once; fp8_output (out_dtype = the FP8
+     * format): the graph's codes are the output, no dequantisation pass */
+    if (s == AL_OK && f->out_dtype == q->dtype) {
+        *out = o8;
+        memset(&o8, 0, sizeof o8);
+    } else if (s == AL_OK) {
+        s = al_fp8_dequantize(out, &o8, 1.0 / (double)(float)so, f->out_dtype);
+    }
     al_tensor_release(&o8);
     if (prof && s == AL_OK && runs == 1) {   /* (a current-scaled O runs the graph twice: not profiled) */
         pt[F8P_DEQUANT + 1] = al_hprof_now();
@@ -812,7 +819,9 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     memset(&do8, 0, sizeof do8);
     memset(g8, 0, sizeof g8);
     al_tensor *gd[3] = {dq, dk, dv};
-    s = al_fp8_quantize(&o8, out, q->dtype, so);
+    /* fp8_output: out already holds O's codes (the graph reads them as they are) */
+    if (out->dtype == q->dtype) s = al_tensor_alias(&o8, out);
+    else s = al_fp8_quantize(&o8, out, q->dtype, so);
     if (s == AL_OK) s = al_fp8_quantize(&do8, dout, bfmt, sdo);
     for (int i = 0; i < 3 && s == AL_OK; i++) s = al_tensor_empty(&g8[i], gd[i]->ndim, gd[i]->size, bfmt, AL_DEVICE_CUDA, dev);
     f8_run r;

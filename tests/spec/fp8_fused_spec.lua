@@ -304,6 +304,30 @@ describe("fp8 fused: deferred amaxes (no stream sync in the call) #gpu", functio
   end)
 end)
 
+describe("fp8 fused: fp8_output (O returned as its FP8 codes) #gpu", function()
+  gpu_it("the codes decode to the dequantised output; the backward from them gives the same gradients", function()
+    al.manual_seed(12)
+    local qkv = R({ 2, 256, 3, 4, 128 })
+    local r = DS()
+    al.attention.forward{ qkv_layer = qkv, backend = "fused", fp8_recipe = r }
+    local ra, rb = r:clone(), r:clone()
+    local oa, ca = al.attention.forward{ qkv_layer = qkv, backend = "fused", fp8_recipe = ra, attn_mask_type = "causal" }
+    local ob, cb = al.attention.forward{ qkv_layer = qkv, backend = "fused", fp8_recipe = rb, attn_mask_type = "causal",
+      fp8_output = true }
+    assert.are.equal("fp8_e4m3", ob.data:dtype())
+    assert.are.equal("cuda:0", ob.data:device())
+    -- the fused path dequantises with the f32 scale cuDNN used; the wrap's scale is the double: 1 ulp apart at most
+    local deq, ref = ob:dequantize("f32"):cpu(), oa:float():cpu()
+    local d = (deq - ref):abs():max()
+    assert.is_true(d <= 1e-2 * ref:abs():max(), "dequantised codes vs bf16 output: " .. d)
+    local dout = R(oa:size())
+    local ga, gb = al.attention.backward(ca, dout), al.attention.backward(cb, dout)
+    assert.is_true(rel_rmse(gb.qkv_layer, ga.qkv_layer) < 1e-3, "gradients from the codes vs from the bf16 output")
+    rb:settle(); ra:settle()
+    assert.are.same(ra:state().o.amax_history, rb:state().o.amax_history)
+  end)
+end)
+
 describe("fp8 fused explain #gpu", function()
   -- The FP8 graphs serve by default; ATTNLAB_FUSED_FP8=0 switches automatic selection off (attn_fused.cu).
   local function ex(args)

@@ -219,6 +219,51 @@ describe("fp8 attention (cpu emulation)", function()
     assert.are.same(r1:state().o.amax_history, r2:state().o.amax_history)
   end)
 
+  it("fp8_output (TE's): O's FP8 codes with O's scale, the float output's values exactly, and the same backward", function()
+    al.manual_seed(24)
+    for _, mk in ipairs({ function() return al.fp8.DelayedScaling{ amax_history_len = 2 } end,
+                          function() return al.fp8.CurrentScaling{} end }) do
+      local qkv = al.randn({ 24, 2, 3, 2, 16 })
+      local r = mk()
+      al.attention.forward{ qkv_layer = qkv, fp8_recipe = r }   -- warm the histories
+      local ra, rb = r:clone(), r:clone()
+      local oa, ca = al.attention.forward{ qkv_layer = qkv, fp8_recipe = ra }
+      local ob, cb = al.attention.forward{ qkv_layer = qkv, fp8_recipe = rb, fp8_output = true }
+      assert.are.equal("e4m3", ob.format)
+      assert.are.equal("fp8_e4m3", ob.data:dtype())
+      assert.are.same(oa:size(), ob:size())
+      assert.are.equal(cb.fp8.f.scale_used[2], ob.scale)
+      assert.is_true(ob.scale > 0 and ob.scale_inv == 1 / ob.scale)
+      assert.are.equal(0, maxdiff(ob:dequantize("f32"), oa))       -- code / scale is the float output, bit for bit
+      assert.are.same(ra:state().o.amax_history, rb:state().o.amax_history)
+      local dout = al.randn(oa:size())
+      local ga, gb = al.attention.backward(ca, dout), al.attention.backward(cb, dout)
+      assert.are.equal(0, maxdiff(ga.qkv_layer, gb.qkv_layer))       -- the backward reads the codes as the float O
+      assert.are.same(ra:state().dqkv.amax_history, rb:state().dqkv.amax_history)
+    end
+  end)
+
+  it("fp8_output: errors name the argument and what it needs", function()
+    local qkv = al.randn({ 8, 1, 3, 2, 16 })
+    assert.has_error(function() al.attention.forward{ qkv_layer = qkv, fp8_output = true } end,
+      "attention.forward: fp8_output: FP8 output needs an FP8 recipe (fp8_recipe=, the module's, or al.fp8.autocast)")
+    assert.has_error(function() al.attention.forward{ qkv_layer = qkv, fp8_output = 1, fp8_recipe = al.fp8.DelayedScaling{} } end,
+      "attention.forward: fp8_output: expected a boolean, got number")
+    local ok, err = pcall(al.attention.forward, { qkv_layer = qkv, fp8_output = true,
+      fp8_recipe = al.fp8.CurrentScaling{ granularity = "token" } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("fp8_output: needs the recipe's O slot scaled per tensor", 1, true), tostring(err))
+    -- the C front door: an FP8 out_dtype other than fwd_format
+    local T = require "attnlab.tensor"
+    local C = require("attnlab.ffi").C
+    local _, ctx = al.attention.forward{ qkv_layer = qkv, fp8_recipe = al.fp8.DelayedScaling{} }
+    ctx.inputs.fp8.out_dtype = T.parse_dtype("fp8_e5m2")
+    local o, l = T.new(), T.new()
+    assert.are_not.equal(0, C.al_attn_forward(ctx.params, ctx.inputs, o.raw, l.raw, nil))
+    assert.truthy(T.last_error():find("an FP8 fp8.out_dtype (fp8_output) must be fwd_format fp8_e4m3, got fp8_e5m2", 1, true),
+      T.last_error())
+  end)
+
   it("S and dP use the kernel's amaxes one step late under delayed scaling", function()
     local r = al.fp8.DelayedScaling{ amax_history_len = 1 }
     local qkv = al.randn({ 16, 1, 3, 2, 16 })
