@@ -14,7 +14,8 @@
 --   fp8 e2e   al.attention.forward / backward with fp8_recipe (adds the recipe: amax of q/k/v and
 --             their quantisation on every call, the Lua bookkeeping)
 -- FLOPs: forward 4*b*h*s*s*d (halved when causal), backward 2.5x forward. Timing: al.cuda.Event
--- around N calls after warm-up. With ATTNLAB_BENCH_OUT=/path the rows are appended as JSON lines.
+-- around N calls after warm-up; the rows of one shape and mask are measured in 3 interleaved rounds (rotating
+-- order) and each shows its median, so that the FP8/bf16 ratios compare figures taken in the same minute. With ATTNLAB_BENCH_OUT=/path the rows are appended as JSON lines.
 -- Without a usable GPU (or below sm_90) the bench says so and exits 0.
 -- With ATTNLAB_HOST_PROFILE=1 the run ends with the FP8 forward's host stages per call (outputs, plan, exec,
 -- readback = the amax copy that waits for the graph, dequant): where a call's time beyond its kernels goes.
@@ -38,6 +39,7 @@ end
 
 local quick = arg and arg[1] == "--quick"
 local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
+local ROUNDS = quick and 1 or 3   -- every row is the median over ROUNDS interleaved measurements
 local emit = al.results.bench_emit
 
 -- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
@@ -54,6 +56,7 @@ print(string.format("%-18s %-7s %-9s %9s %9s %9s %9s  %s", "shape (b,h,s,d)", "m
   "bwd ms", "bwd TF/s", "FP8/bf16 fwd, bwd"))
 
 local function row(shape, mask, path, tf, tb, flops, base)
+  if not tf then return nil end   -- (the path failed: said where it failed)
   local ftf = flops / (tf * 1e-3) / 1e12
   local btf = tb and 2.5 * flops / (tb * 1e-3) / 1e12 or nil
   local ratio = ""
@@ -80,13 +83,16 @@ for _, sh in ipairs(SHAPES) do
     local flops = 4 * b * h * s * s * d * (mask == "causal" and 0.5 or 1)
     local args = { query_layer = q, key_layer = k, value_layer = v, qkv_format = "bshd", attn_mask_type = mask,
       backend = "fused" }
-    local base
+    -- Every path's forward and backward become a timed item; the items then run ROUNDS times in a rotating
+    -- order and each row reports its median: bench rows minutes apart drift with the GPU's clocks (power,
+    -- temperature), so a ratio is only as good as the two figures are simultaneous.
+    local items, order, hold = {}, {}, nil
+    local function item(key, fn) items[key] = { fn = fn, t = {} }; order[#order + 1] = key end
     local ok, err = pcall(function()
       local ctx
-      local tf = gpu_time(function() local _; _, ctx = al.attention.forward(args) end)
-      local tb = gpu_time(function() al.attention.backward(ctx, dout) end)
-      base = row(name, mask, "bf16", tf, tb, flops)
-      emit({ kind = "fp8_attention", path = "bf16", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = tf, bwd_ms = tb })
+      item("bf16 f", function() local _; _, ctx = al.attention.forward(args) end)
+      item("bf16 b", function() al.attention.backward(ctx, dout) end)
+      items["bf16 f"].fn()
     end)
     if not ok then print(string.format("%-18s %-7s %-9s failed: %s", name, mask, "bf16", tostring(err):sub(1, 160))) end
     collectgarbage()
@@ -101,40 +107,74 @@ for _, sh in ipairs(SHAPES) do
       al.attention.backward(ctx8, dout)
       _, ctx8 = al.attention.forward(a8)      -- step 2: delayed scales from step 1's amaxes
       local p, inp = ctx8.params, ctx8.inputs
+      hold = ctx8   -- p and inp are cdata: the FP8 inputs they point to live only as long as ctx8
       local last_out, last_lse
-      local tf = gpu_time(function()
+      local function call()
         local o, l = T.new(), T.new()
         T.check(C.al_attn_forward(p, inp, o.raw, l.raw, nil), "al_attn_forward")
-        last_out, last_lse = o, l
-      end)
+        return o, l
+      end
+      item("call f", function() last_out, last_lse = call() end)
       -- the backward needs the d=128 (Hopper) FP8 graph; timed on the C call with the forward's out/lse
       local dq, dk, dv = al.empty({ b, s, h, d }, opts), al.empty({ b, s, h, d }, opts), al.empty({ b, s, h, d }, opts)
       local d4 = dout:view({ b, s, h, d })
-      local bok, tb = pcall(gpu_time, function()
+      local function c_bwd()
         local db, dso = T.new(), T.new()
         T.check(C.al_attn_backward(p, inp, last_out.raw, d4.raw, last_lse.raw, dq.raw, dk.raw, dv.raw, db.raw, dso.raw),
           "al_attn_backward")
-      end)
-      if not bok then print("  fp8 backward failed: " .. tostring(tb):sub(1, 200)); tb = nil end
-      row(name, mask, "fp8 call", tf, tb, flops, base)
-      emit({ kind = "fp8_attention", path = "fp8_call", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = tf, bwd_ms = tb or -1 })
+      end
+      last_out, last_lse = call()
+      local bok, berr = pcall(c_bwd)
+      if bok then item("call b", c_bwd)
+      else print("  fp8 backward failed: " .. tostring(berr):sub(1, 200)) end
       -- fp8_output (TE's): O handed back as its FP8 codes, no dequantisation pass
       local f = inp.fp8
-      local od = f.out_dtype
-      f.out_dtype = r.fwd_format
-      local tfo = gpu_time(function()
-        local o, l = T.new(), T.new()
-        T.check(C.al_attn_forward(p, inp, o.raw, l.raw, nil), "al_attn_forward")
+      item("out f", function()
+        local od = f.out_dtype
+        f.out_dtype = r.fwd_format
+        local st, e = pcall(call)
+        f.out_dtype = od
+        if not st then error(e, 0) end
       end)
-      f.out_dtype = od
-      row(name, mask, "fp8 out", tfo, nil, flops, base)
-      emit({ kind = "fp8_attention", path = "fp8_output", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = tfo, bwd_ms = -1 })
       local ctxe
-      local te = gpu_time(function() local _; _, ctxe = al.attention.forward(a8) end)
-      local tbe = gpu_time(function() al.attention.backward(ctxe, dout) end)
-      row(name, mask, "fp8 e2e", te, tbe, flops, base)
-      emit({ kind = "fp8_attention", path = "fp8_e2e", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = te, bwd_ms = tbe })
+      item("e2e f", function() local _; _, ctxe = al.attention.forward(a8) end)
+      item("e2e b", function() al.attention.backward(ctxe, dout) end)
     end)
+    if ok then
+      local ran
+      ok, ran = pcall(function()
+        for round = 1, ROUNDS do
+          for i = 1, #order do   -- rotate the start so that no item always follows the same one
+            local key = order[(i + round - 2) % #order + 1]
+            local it = items[key]
+            if key == "bf16 b" or key == "e2e b" or key == "call b" then   -- a backward needs its own forward's ctx
+              items[(key:gsub(" b$", " f"))].fn()
+            end
+            it.t[#it.t + 1] = gpu_time(it.fn)
+          end
+        end
+        return true
+      end)
+      if ok then
+        local function med(key)
+          local it = items[key]
+          if not it or #it.t == 0 then return nil end
+          local t = {}
+          for i, x in ipairs(it.t) do t[i] = x end
+          table.sort(t)
+          return #t % 2 == 1 and t[(#t + 1) / 2] or 0.5 * (t[#t / 2] + t[#t / 2 + 1])
+        end
+        local base = row(name, mask, "bf16", med("bf16 f"), med("bf16 b"), flops)
+        emit({ kind = "fp8_attention", path = "bf16", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = med("bf16 f"), bwd_ms = med("bf16 b") })
+        row(name, mask, "fp8 call", med("call f"), med("call b"), flops, base)
+        emit({ kind = "fp8_attention", path = "fp8_call", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = med("call f"),
+          bwd_ms = med("call b") or -1 })
+        row(name, mask, "fp8 out", med("out f"), nil, flops, base)
+        emit({ kind = "fp8_attention", path = "fp8_output", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = med("out f"), bwd_ms = -1 })
+        row(name, mask, "fp8 e2e", med("e2e f"), med("e2e b"), flops, base)
+        emit({ kind = "fp8_attention", path = "fp8_e2e", b = b, h = h, s = s, d = d, mask = mask, fwd_ms = med("e2e f"), bwd_ms = med("e2e b") })
+      else err = ran end
+    end
     if not ok then print(string.format("%-18s %-7s %-9s failed: %s", name, mask, "fp8", tostring(err):gsub("\n", " "):sub(1, 200))) end
     collectgarbage()
     al.cuda.empty_cache()
