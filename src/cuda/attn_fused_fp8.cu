@@ -387,10 +387,12 @@ typedef struct f8_run {
     void *ws;
     int64_t ws_bytes;
     int32_t dev;
+    cudaStream_t stream;        /* the call's stream (the cuDNN handle's) */
 } f8_run;
 
-static al_status run_alloc(f8_run *r, int32_t dev, const f8_entry *e) {
+static al_status run_alloc(f8_run *r, int32_t dev, cudaStream_t stream, const f8_entry *e) {
     r->dev = dev;
+    r->stream = stream;
     AL_TRY(al_cu_malloc(dev, NSC * SC_SLOT, &r->dsc));
     for (int i = 0; i < NSC; i++) r->ptr[U_SC0 + i] = (char *)r->dsc + i * SC_SLOT;
     r->ws_bytes = e->ws;
@@ -407,16 +409,40 @@ static void run_free(f8_run *r) {
     r->dsc = r->ws = NULL;
 }
 
-/* upload the scalars, execute, and read the amaxes back (synchronises the stream); with a pinned staging
- * block (a deferred call's record, NSC * SC_SLOT bytes) the upload is a plain DMA from it and the read-back
- * is the caller's */
+/* The scalars' upload and a deferred call's read-back are one-block kernels, not copies: a cudaMemcpyAsync
+ * between two kernels hands the stream to a copy engine and back, and the next kernel starts only after that
+ * round trip. Measured on the H200 at 4x16x4096x128 (notes of session 8, docs/PERFORMANCE.md): back-to-back
+ * FP8 forwards took 617 us per call by events around a 563 us cuDNN kernel (ncu), with two small copies per
+ * call between the kernels. */
+typedef struct { float v[NSC]; } f8_sc_vals;
+
+/* the call's scalars (passed by value) into the device block */
+__global__ void f8_sc_upload_kernel(char *dsc, f8_sc_vals a) {
+    const int i = (int)threadIdx.x;
+    if (i < NSC) *(float *)(dsc + i * SC_SLOT) = a.v[i];
+}
+
+/* the device block, and amax(dO) when given, into a deferred record's pinned host memory (mapped: the
+ * kernel writes it directly; visible to the host once the record's event, recorded after, has completed) */
+__global__ void f8_sc_readback_kernel(char *host, const char *dsc, const double *amax_do) {
+    const int i = (int)threadIdx.x;
+    if (i < NSC) *(volatile float *)(host + i * SC_SLOT) = *(const float *)(dsc + i * SC_SLOT);
+    if (i == 0 && amax_do) *(volatile double *)(host + NSC * SC_SLOT) = *amax_do;
+}
+
+static al_status sc_readback(const f8_run *r, char *dhost, const double *amax_do) {
+    f8_sc_readback_kernel<<<1, 32, 0, r->stream>>>(dhost, (const char *)r->dsc, amax_do);
+    return AL_CUDA_ST(cudaGetLastError());
+}
+
+/* upload the scalars, execute, and (unless deferred: then the read-back is the caller's) read the amaxes
+ * back, which synchronises the stream */
 static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn, double *t_exec,
-                          char *pinned = NULL) {
-    char stack[NSC * SC_SLOT];
-    char *host = pinned ? pinned : stack;
-    memset(host, 0, NSC * SC_SLOT);
-    for (int i = 0; i < NSC; i++) memcpy(host + i * SC_SLOT, &r->sc[i], sizeof(float));
-    AL_TRY(al_cu_memcpy_h2d(r->dev, r->dsc, host, NSC * SC_SLOT));
+                          int deferred = 0) {
+    f8_sc_vals a;
+    for (int i = 0; i < NSC; i++) a.v[i] = r->sc[i];
+    f8_sc_upload_kernel<<<1, 32, 0, r->stream>>>((char *)r->dsc, a);
+    AL_CUDA_TRY(cudaGetLastError());
     void *ptrs[AL_DNN_MAX_UIDS];
     for (int i = 0; i < e->nuids; i++) {
         int64_t u = e->uids[i];
@@ -425,7 +451,8 @@ static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, co
     }
     AL_TRY(al_dnn_execute(handle, e->plan, e->nuids, e->uids, ptrs, r->ws));
     if (t_exec) *t_exec = al_hprof_now();   /* the read-back below waits for the graph */
-    if (pinned) return AL_OK;
+    if (deferred) return AL_OK;
+    char host[NSC * SC_SLOT];
     AL_TRY(al_cu_memcpy_d2h(r->dev, host, r->dsc, NSC * SC_SLOT));
     for (int i = 0; i < NSC; i++) memcpy(&r->sc[i], host + i * SC_SLOT, sizeof(float));
     return AL_OK;
@@ -537,17 +564,18 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
 #undef NO
 
 /* ---- deferred amaxes (al_attn_fp8.amax_deferred) ----------------------------------------------------
- * The amaxes a call reports (forward: S, O; backward: dO, dP, dQKV) are copied into pinned host memory
- * behind the graph on its stream, with an event after the copy, and the call returns: no stream sync, so
- * the GPU goes on with the next queued work while the host prepares more. al_attn_fp8_settle() waits for
- * the event and fills f->amax. The pinned block also stages the scalars' upload (a plain DMA). Records
+ * The amaxes a call reports (forward: S, O; backward: dO, dP, dQKV) are written into mapped pinned host
+ * memory behind the graph on its stream (f8_sc_readback_kernel), with an event after that, and the call
+ * returns: no stream sync, so the GPU goes on with the next queued work while the host prepares more.
+ * al_attn_fp8_settle() waits for the event and fills f->amax. Records
  * are pooled (pinned memory and events are costly to create); a dropped record (superseded by a later
  * call on the same f) is handed out again only once its event has completed. */
 #define PEND_BYTES (NSC * SC_SLOT + 16)   /* the device scalar block's image, then amax(dO) as a double */
 typedef struct f8_pend {
     al_fp8_pending base;        /* first member: al_attn_fp8.pending points here */
     cudaEvent_t done;           /* recorded after the copies */
-    char *host;                 /* pinned, PEND_BYTES */
+    char *host;                 /* pinned and mapped, PEND_BYTES */
+    char *dhost;                /* its device address (f8_sc_readback_kernel writes there) */
     double softmax_scale;       /* backward: cuDNN's amax_dP is reported over it */
     int32_t dev;                /* the device its event belongs to */
     struct f8_pend *next;
@@ -617,7 +645,8 @@ static al_status pend_acquire(f8_pend **out, int32_t dev, int backward) {
     if (!q) {
         q = (f8_pend *)calloc(1, sizeof *q);
         if (!q) return al_error(AL_ERR_OOM, "attention (fused, fp8): out of host memory for a deferred-amax record");
-        cudaError_t st = cudaHostAlloc((void **)&q->host, PEND_BYTES, cudaHostAllocPortable);
+        cudaError_t st = cudaHostAlloc((void **)&q->host, PEND_BYTES, cudaHostAllocPortable | cudaHostAllocMapped);
+        if (st == cudaSuccess) st = cudaHostGetDevicePointer((void **)&q->dhost, q->host, 0);
         if (st == cudaSuccess) st = cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming);
         if (st != cudaSuccess) {
             if (q->host) cudaFreeHost(q->host);
@@ -682,7 +711,7 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         e = cache_get(&key, handle);
         if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN refused the FP8 forward graph: %s", fn, e->reason);
     }
-    if (s == AL_OK) s = run_alloc(&r, dev, e);
+    if (s == AL_OK) s = run_alloc(&r, dev, stream, e);
     if (prof) pt[F8P_PLAN + 1] = al_hprof_now();
     int runs = 0;
     if (s == AL_OK) {
@@ -698,9 +727,9 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         /* every scale given and the caller can wait: the amaxes follow the graph to pinned memory */
         const int defer = f->amax_deferred && so > 0.0;
         if (defer) s = pend_acquire(&pend, dev, 0);
-        if (s == AL_OK) s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL, pend ? pend->host : NULL);
+        if (s == AL_OK) s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL, pend != NULL);
         if (s == AL_OK && pend) {
-            s = AL_CUDA_ST(cudaMemcpyAsync(pend->host, r.dsc, NSC * SC_SLOT, cudaMemcpyDeviceToHost, stream));
+            s = sc_readback(&r, pend->dhost, NULL);
             if (s == AL_OK) s = AL_CUDA_ST(cudaEventRecord(pend->done, stream));
             if (s != AL_OK && pend) { pend_release(pend); pend = NULL; }
         }
@@ -840,7 +869,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
             e = cache_get(&key, handle);
             if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN refused the FP8 backward graph: %s", fn, e->reason);
         }
-        if (s == AL_OK) s = run_alloc(&r, dev, e);
+        if (s == AL_OK) s = run_alloc(&r, dev, stream, e);
         if (s == AL_OK) {
             for (int i = 0; i < NROLE; i++) {
                 static const int uid_of[NROLE] = {U_Q, U_K, U_V, U_O, U_DO, U_DQ, U_DK, U_DV};
@@ -859,12 +888,10 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
             float g0 = sg > 0.0 ? (float)sg : 1.0f;
             SC(U_SCALE_DQ) = SC(U_SCALE_DK) = SC(U_SCALE_DV) = g0;
             if (defer) s = pend_acquire(&pend, dev, 1);
-            if (s == AL_OK) s = run_once(&r, handle, e, fn, NULL, pend ? pend->host : NULL);
+            if (s == AL_OK) s = run_once(&r, handle, e, fn, NULL, pend != NULL);
             if (s == AL_OK && pend) {
                 pend->softmax_scale = a;
-                s = AL_CUDA_ST(cudaMemcpyAsync(pend->host, r.dsc, NSC * SC_SLOT, cudaMemcpyDeviceToHost, stream));
-                if (s == AL_OK)
-                    s = AL_CUDA_ST(cudaMemcpyAsync(pend->host + NSC * SC_SLOT, d_amdo, sizeof(double), cudaMemcpyDeviceToHost, stream));
+                s = sc_readback(&r, pend->dhost, d_amdo);
                 if (s == AL_OK) s = AL_CUDA_ST(cudaEventRecord(pend->done, stream));
             }
             if (s == AL_OK && sg == 0.0) {   /* current dQKV scaling: the first run measured the amaxes */
@@ -884,7 +911,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     al_tensor_release(&o8);
     al_tensor_release(&do8);
     for (int i = 0; i < 3; i++) al_tensor_release(&g8[i]);
-    if (d_amdo) al_cu_free(dev, d_amdo, 16);   /* (stream-ordered: its copy is queued before any reuse) */
+    if (d_amdo) al_cu_free(dev, d_amdo, 16);   /* (stream-ordered: its read-back is queued before any reuse) */
     if (s == AL_OK) {
         if (pend) {   /* known at al_attn_fp8_settle */
             f->amax[AL_FP8_SLOT_DO] = f->amax[AL_FP8_SLOT_DP] = f->amax[AL_FP8_SLOT_DQKV] = NAN;
