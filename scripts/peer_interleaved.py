@@ -5,7 +5,7 @@ Issue 5 asks for fused >= 0.97x PyTorch's cuDNN SDPA on every bench shape. Both 
 kernels with the same durations (ncu, docs/PERFORMANCE.md session 8), but two bench runs minutes apart
 differ by up to 10% because the GPU's clocks follow its power and temperature history (PyTorch's own
 forward at 1x16x16384x128 measured 3.29 ms and then 3.59 ms in one process). So this driver measures both
-sides in the same minute: attnlab in a worker process (bench/peer_worker.lua, driven over a pipe) and
+sides in the same minute: attnlab in a worker process (scripts/peer_worker.lua, driven over a pipe) and
 PyTorch here, per shape in the order AB BA AB BA ... (A = attnlab), with the same pause before every
 measurement, and compares medians. The per-pair ratios' range is printed as the noise band.
 
@@ -65,7 +65,7 @@ def summarize(ours, peer, key):
 
 
 class Worker:
-    """bench/peer_worker.lua over a pipe"""
+    """scripts/peer_worker.lua over a pipe"""
 
     def __init__(self, cmd):
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -177,7 +177,7 @@ def main():
     ap.add_argument("--layouts", default="separate,bs3hd")
     ap.add_argument("--masks", default="no_mask,causal")
     ap.add_argument("--out", default=os.environ.get("ATTNLAB_BENCH_OUT"))
-    ap.add_argument("--worker", default="luajit bench/peer_worker.lua")
+    ap.add_argument("--worker", default="luajit scripts/peer_worker.lua")
     args = ap.parse_args()
     if args.reps < 1 or args.iters < 1:
         sys.exit("peer_interleaved: --reps and --iters must be >= 1")

@@ -1,4 +1,4 @@
--- peer_interleaved_spec.lua — scripts/peer_interleaved.py and its worker bench/peer_worker.lua without a
+-- peer_interleaved_spec.lua — scripts/peer_interleaved.py and its worker scripts/peer_worker.lua without a
 -- GPU: the worker's line protocol (answers, errors that do not end it), the driver's statistics (AB BA
 -- order, medians, ratio of medians and the per-pair range) on random fixtures, and the whole protocol end
 -- to end on the cpu backend with --peer none. The GPU run (against PyTorch) is recorded in
@@ -21,14 +21,14 @@ local function json_lines(out)
   return recs
 end
 
-describe("bench/peer_worker.lua", function()
+describe("scripts/peer_worker.lua", function()
   it("answers setup with READY and time with positive means; bad commands get JSON errors and it goes on", function()
     math.randomseed(os.time())
     local iters = math.random(2, 4)
     local cmds = table.concat({ "setup 1 2 32 8 causal separate cpu cpu", "time " .. iters, "frobnicate",
       "time 0", "setup 1 2 32 8 causal diagonal cpu cpu", "setup 1 2", "setup 2 2 16 8 no_mask bs3hd cpu cpu",
       "time " .. iters, "quit", "time 2" }, "\n")
-    local out, rc = sh("cd " .. q(root) .. " && printf '%s\\n' " .. q(cmds) .. " | " .. env .. "luajit bench/peer_worker.lua")
+    local out, rc = sh("cd " .. q(root) .. " && printf '%s\\n' " .. q(cmds) .. " | " .. env .. "luajit scripts/peer_worker.lua")
     assert.are.equal(0, rc, out)
     local _, nready = out:gsub("READY", "")
     assert.are.equal(2, nready, out)
@@ -45,7 +45,7 @@ describe("bench/peer_worker.lua", function()
   end)
 
   it("time before any setup is an error naming the missing step", function()
-    local out, rc = sh("cd " .. q(root) .. " && printf 'time 3\\nquit\\n' | " .. env .. "luajit bench/peer_worker.lua")
+    local out, rc = sh("cd " .. q(root) .. " && printf 'time 3\\nquit\\n' | " .. env .. "luajit scripts/peer_worker.lua")
     assert.are.equal(0, rc, out)
     assert.truthy(out:match("no shape: send 'setup %.%.%.' first"), out)
   end)

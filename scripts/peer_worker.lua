@@ -19,7 +19,7 @@ Protocol (one command per line on stdin, one answer per line on stdout, flushed)
   quit
 BACKEND defaults to fused, DEVICE to cuda. Errors are answered as JSON lines with an "error" field; the
 worker never exits on a bad command.
-Run by the driver:  python3 scripts/peer_interleaved.py   (starts: luajit bench/peer_worker.lua)
+Run by the driver:  python3 scripts/peer_interleaved.py   (starts: luajit scripts/peer_worker.lua)
 ]=]
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
