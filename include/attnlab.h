@@ -566,6 +566,11 @@ al_status al_amax(const al_tensor *x, double *amax);
 al_status al_amax_tensor(al_tensor *out, const al_tensor *x);
 /* out (new, contiguous, x's shape and device, dtype = format) = fp8(x * scale). */
 al_status al_fp8_quantize(al_tensor *out, const al_tensor *x, int32_t format, double scale);
+/* al_fp8_quantize and al_amax_tensor in one pass over x (delayed scaling quantises with the scale chosen
+ * before and only records this amax): out as al_fp8_quantize's, amax (new, f64 [1], on x's device) as
+ * al_amax_tensor's, left on the device (no stream sync). The same codes and the same amax as the two
+ * calls. */
+al_status al_fp8_quantize_amax(al_tensor *out, al_tensor *amax, const al_tensor *x, int32_t format, double scale);
 /* out (new, contiguous, dtype a float type) = decode(q) * scale_inv, rounded once to dtype. */
 al_status al_fp8_dequantize(al_tensor *out, const al_tensor *q, double scale_inv, int32_t dtype);
 /* Per-row current scaling: the rows are the leading x.ndim - row_dims dims (row_dims >= 1 trailing

@@ -16,7 +16,7 @@
 
 #include "attnlab.h"
 
-#define AL_CUDA_ABI_VERSION 2
+#define AL_CUDA_ABI_VERSION 3
 
 typedef struct al_cuda_api {
     int32_t abi_version;                 /* AL_CUDA_ABI_VERSION */
@@ -86,6 +86,8 @@ typedef struct al_cuda_api {
     /* out: a new f64 [1] tensor on x's device holding amax(x) (not canonicalised); queued, no sync */
     al_status (*amax_to)(al_tensor *out, const al_tensor *x);
     al_status (*fp8_quantize)(al_tensor *out, const al_tensor *x, double scale);
+    /* fp8_quantize and amax_to in one pass: out allocated by the core, amax (f64 [1]) by the plugin */
+    al_status (*fp8_quantize_amax)(al_tensor *out, al_tensor *amax, const al_tensor *x, double scale);
     al_status (*fp8_dequantize)(al_tensor *out, const al_tensor *q, double scale_inv);
     /* rows = the leading x->ndim - row_dims dims; scale_inv f32 [rows] (contiguous) */
     al_status (*fp8_quantize_rows)(al_tensor *out, al_tensor *scale_inv, const al_tensor *x, int32_t row_dims,

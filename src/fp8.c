@@ -198,6 +198,32 @@ AL_EXPORT al_status al_fp8_quantize(al_tensor *out, const al_tensor *x, int32_t 
     return st;
 }
 
+AL_EXPORT al_status al_fp8_quantize_amax(al_tensor *out, al_tensor *amax, const al_tensor *x, int32_t format, double scale) {
+    if (out) memset(out, 0, sizeof *out);
+    if (amax) memset(amax, 0, sizeof *amax);
+    if (!out || !amax) return al_error(AL_ERR_ARG, "fp8_quantize_amax: out and amax (the result tensors) must not be NULL");
+    AL_TRY(al_check_tensor("fp8_quantize_amax", "x", x));
+    AL_TRY(check_format("fp8_quantize_amax", format));
+    if (!is_hp_float(x->dtype))
+        return al_error(AL_ERR_ARG, "fp8_quantize_amax: x must be f32, f64, f16 or bf16, got %s", al_dtype_name(x->dtype));
+    if (!(scale > 0.0) || !isfinite(scale))
+        return al_error(AL_ERR_ARG, "fp8_quantize_amax: scale must be finite and > 0, got %g", scale);
+    if (x->device_type != AL_DEVICE_CUDA || al_tensor_numel(x) == 0) {   /* the two calls, one after the other */
+        AL_TRY(al_fp8_quantize(out, x, format, scale));
+        al_status st = al_amax_tensor(amax, x);
+        if (st != AL_OK) al_tensor_release(out);
+        return st;
+    }
+    const al_cuda_api *api;
+    AL_TRY(cuda_api("fp8_quantize_amax", x, &api, 1));
+    if (!api->fp8_quantize_amax)
+        return al_error(AL_ERR_UNSUPPORTED, "fp8_quantize_amax: the loaded CUDA plugin has no FP8 kernels (rebuild it)");
+    AL_TRY(al_tensor_empty(out, x->ndim, x->size, format, x->device_type, x->device_index));
+    al_status st = api->fp8_quantize_amax(out, amax, x, scale);
+    if (st != AL_OK) { al_tensor_release(out); al_tensor_release(amax); }
+    return st;
+}
+
 AL_EXPORT al_status al_fp8_dequantize(al_tensor *out, const al_tensor *q, double scale_inv, int32_t dtype) {
     if (out) memset(out, 0, sizeof *out);
     if (!out) return al_error(AL_ERR_ARG, "fp8_dequantize: out must not be NULL");

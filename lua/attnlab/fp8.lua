@@ -106,6 +106,22 @@ function M.quantize(x, opts)
   return setmetatable({ data = out, scale = scale, scale_inv = 1 / scale, format = FMT_NAME[f] }, F8)
 end
 
+-- quantize_amax(x, {format=, scale=}) -> the FP8 tensor of quantize(x, ...) and amax_tensor(x), in one pass
+-- over x (on a GPU only queued: the amax stays on the device). scale is required: the amax measured here
+-- cannot have chosen it (delayed scaling: it only joins the history).
+function M.quantize_amax(x, opts)
+  check_x("fp8.quantize_amax", x)
+  opts = opts or {}
+  local f = fmt_code("fp8.quantize_amax", opts.format)
+  local scale = opts.scale
+  if type(scale) ~= "number" or not (scale > 0) or scale == math.huge then
+    error("fp8.quantize_amax: scale: expected a finite number > 0, got " .. tostring(scale), 2)
+  end
+  local out, am = T.new(), T.new()
+  T.check(C.al_fp8_quantize_amax(out.raw, am.raw, x.raw, f, scale), "fp8.quantize_amax")
+  return setmetatable({ data = out, scale = scale, scale_inv = 1 / scale, format = FMT_NAME[f] }, F8), am
+end
+
 -- Per-row current scaling: rows are the leading dims, row_dims trailing dims form one row.
 local R8 = {}
 R8.__index = R8
@@ -450,10 +466,11 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
       for i = 2, #srcs do m = math.max(m, get(srcs[i])) end
       return m
     end
-    if sq.mode == "delayed" and not dry and q:device() ~= "cpu" then
-      -- delayed: this amax only joins the history, so it stays on the GPU until the recipe settles (no sync)
-      local t = {}
-      for _, x in ipairs(srcs) do t[x] = M.amax_tensor(x) end
+    -- delayed on a GPU: this amax only joins the history, so it stays on the device until the recipe settles
+    -- (no sync), and each source is quantised and measured in one pass (quantize_amax)
+    local on_device = sq.mode == "delayed" and not dry and q:device() ~= "cpu"
+    local t = {}
+    if on_device then
       amax = function() return max_of(function(x) return t[x]:item() end) end
     else
       amax = max_of(M.amax)
@@ -461,7 +478,14 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
     local scale
     if sq.mode == "delayed" then scale = sq.scale
     else scale = r:compute_scale("qkv", amax) end
-    local function quant(x) return M.quantize(x, { format = FMT_NAME[fmt], scale = scale }).data end
+    local function quant(x)
+      if on_device then
+        local q8x
+        q8x, t[x] = M.quantize_amax(x, { format = FMT_NAME[fmt], scale = scale })
+        return q8x.data
+      end
+      return M.quantize(x, { format = FMT_NAME[fmt], scale = scale }).data
+    end
     if packed and combine then
       local p8 = quant(packed)   -- combine_and_quantize: one pass over the caller's buffer
       q8, k8, v8 = p8:select(dim, 1), p8:select(dim, 2), p8:select(dim, 3)

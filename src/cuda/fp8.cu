@@ -7,6 +7,7 @@
  *                     block reduction (warp shuffles, shared memory), one partial per block, then one
  *                     block combines the partials; NaN-propagating; the result comes back synchronously
  *   fp8_quantize      grid-stride, one element per iteration, x through its strides, out contiguous
+ *   fp8_quantize_amax fp8_quantize and amax in one pass (contiguous x), else the two one after the other
  *   fp8_dequantize    the reverse; stored through al_st_f64 (the CPU's al_store_f64 rounding)
  *   fp8_quantize_rows one block per row (grid-stride over rows): block amax, scale, then the row
  *   mxfp8_*           one thread per 32-element block
@@ -87,6 +88,25 @@ template <int DT> static __device__ __forceinline__ void al_st16(char *base, int
     for (int j = 0; j < W; j++) p[j] = r[j];
 }
 
+/* m combined with |x| of the 16 elements loaded at r */
+template <int DT, typename C> static __device__ __forceinline__ C al_amax16(const uint4 *r, C m) {
+#pragma unroll
+    for (int k = 0; k < AL_FP8_VEC; k++) {
+        C e = al_ld<C>((const char *)r, DT, k);
+        m = al_amax_comb<C>(m, e < (C)0 ? -e : e);
+    }
+    return m;
+}
+
+/* m combined with |x| of elements [i0, n) (a last partial group) */
+template <int DT, typename C> static __device__ __forceinline__ C al_amax_tail(const char *x, int64_t i0, int64_t n, C m) {
+    for (int64_t i = i0; i < n; i++) {
+        C e = al_ld<C>(x, DT, i);
+        m = al_amax_comb<C>(m, e < (C)0 ? -e : e);
+    }
+    return m;
+}
+
 template <int DT, typename C>
 __global__ void __launch_bounds__(AL_CU_THREADS) al_amax_vec_kernel(const char *x, int64_t n, double *partial) {
     __shared__ C sh[32];
@@ -96,16 +116,9 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_amax_vec_kernel(const char *
         if ((v + 1) * AL_FP8_VEC <= n) {
             uint4 r[4];
             al_ld16<DT>(x, v, r);
-#pragma unroll
-            for (int k = 0; k < AL_FP8_VEC; k++) {
-                C e = al_ld<C>((const char *)r, DT, k);
-                m = al_amax_comb<C>(m, e < (C)0 ? -e : e);
-            }
+            m = al_amax16<DT, C>(r, m);
         } else {
-            for (int64_t i = v * AL_FP8_VEC; i < n; i++) {
-                C e = al_ld<C>(x, DT, i);
-                m = al_amax_comb<C>(m, e < (C)0 ? -e : e);
-            }
+            m = al_amax_tail<DT, C>(x, v * AL_FP8_VEC, n, m);
         }
     }
     m = al_block_amax<C>(m, sh);
@@ -125,35 +138,64 @@ template <int DT> static __device__ __forceinline__ void al_st_half_odd(char *r,
     }
 }
 
+/* the 16 FP8 codes of the 16 elements loaded at r, times scale */
+template <int FMT, int DT> static __device__ __forceinline__ uint4 al_fp8_encode16(const uint4 *r, double scale) {
+    uint4 o;
+    uint32_t *ow = (uint32_t *)&o;
+#pragma unroll
+    for (int g = 0; g < AL_FP8_VEC / 4; g++) {
+        float f[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) f[j] = al_f64_to_f32_odd(al_ld_f64((const char *)r, DT, 4 * g + j) * scale);
+        /* the hardware converter (fp8_fast.h: the bits of al_f32_to_e4m3/e5m2, correct for the odd-rounded
+         * float); a group holding a NaN goes through the software encoder */
+        if (!al_fp8x4_hw<FMT == AL_DTYPE_FP8_E4M3>(f[0], f[1], f[2], f[3], &ow[g])) {
+            uint32_t w = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                w |= (uint32_t)al_fp8_encode(FMT, al_ld_f64((const char *)r, DT, 4 * g + j) * scale) << (8 * j);
+            ow[g] = w;
+        }
+    }
+    return o;
+}
+
 template <int FMT, int DT>
 __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_vec_kernel(uint8_t *out, const char *x, int64_t n,
                                                                         double scale) {
     const int64_t nv = (n + AL_FP8_VEC - 1) / AL_FP8_VEC, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
         if ((v + 1) * AL_FP8_VEC <= n) {
-            uint4 r[4], o;
+            uint4 r[4];
             al_ld16<DT>(x, v, r);
-            uint32_t *ow = (uint32_t *)&o;
-#pragma unroll
-            for (int g = 0; g < AL_FP8_VEC / 4; g++) {
-                float f[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) f[j] = al_f64_to_f32_odd(al_ld_f64((const char *)r, DT, 4 * g + j) * scale);
-                /* the hardware converter (fp8_fast.h: the bits of al_f32_to_e4m3/e5m2, correct for the odd-rounded
-                 * float); a group holding a NaN goes through the software encoder */
-                if (!al_fp8x4_hw<FMT == AL_DTYPE_FP8_E4M3>(f[0], f[1], f[2], f[3], &ow[g])) {
-                    uint32_t w = 0;
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        w |= (uint32_t)al_fp8_encode(FMT, al_ld_f64((const char *)r, DT, 4 * g + j) * scale) << (8 * j);
-                    ow[g] = w;
-                }
-            }
-            ((uint4 *)out)[v] = o;
+            ((uint4 *)out)[v] = al_fp8_encode16<FMT, DT>(r, scale);
         } else {
             for (int64_t i = v * AL_FP8_VEC; i < n; i++) out[i] = al_fp8_encode(FMT, al_ld_f64(x, DT, i) * scale);
         }
     }
+}
+
+/* al_fp8_quant_vec_kernel and al_amax_vec_kernel in one pass: x is read once (delayed scaling quantises with
+ * the scale chosen before and only records this amax); one amax partial per block, as al_amax_vec_kernel */
+template <int FMT, int DT>
+__global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_amax_vec_kernel(uint8_t *out, const char *x, int64_t n,
+                                                                             double scale, double *partial) {
+    __shared__ float sh[32];
+    float m = 0.0f;
+    const int64_t nv = (n + AL_FP8_VEC - 1) / AL_FP8_VEC, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
+        if ((v + 1) * AL_FP8_VEC <= n) {
+            uint4 r[4];
+            al_ld16<DT>(x, v, r);
+            m = al_amax16<DT, float>(r, m);
+            ((uint4 *)out)[v] = al_fp8_encode16<FMT, DT>(r, scale);
+        } else {
+            m = al_amax_tail<DT, float>(x, v * AL_FP8_VEC, n, m);
+            for (int64_t i = v * AL_FP8_VEC; i < n; i++) out[i] = al_fp8_encode(FMT, al_ld_f64(x, DT, i) * scale);
+        }
+    }
+    m = al_block_amax<float>(m, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = (double)m;
 }
 
 /* FP8 codes decode through a 256-entry table in shared memory (filled with al_fp8_decode: exact) */
@@ -284,6 +326,45 @@ static al_status cu_quantize(al_tensor *out, const al_tensor *x, double scale) {
     al_fp8_quant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, t, n, out->dtype, scale);
     AL_CUDA_LAUNCHED_K("al_fp8_quant_kernel");
     return AL_OK;
+}
+
+/* out (allocated by the core) = fp8(x * scale); amax (new f64 [1] on x's device) = amax(x): one pass for a
+ * contiguous x of a half or f32 dtype, else the two kernels one after the other; queued, no sync */
+static al_status cu_quantize_amax(al_tensor *out, al_tensor *amax, const al_tensor *x, double scale) {
+    cudaStream_t s;
+    const int32_t dev = x->device_index;
+    AL_TRY(al_cu_begin("fp8_quantize_amax", dev, &s));
+    int64_t one = 1;
+    AL_TRY(al_tensor_empty(amax, 1, &one, AL_DTYPE_F64, AL_DEVICE_CUDA, dev));
+    double *res = (double *)al_tensor_data_ptr(amax);
+    al_td t = al_td_from(x);
+    int64_t n = al_td_numel(&t);
+    al_td_coalesce(1, &t);
+    const char *dense = al_half_or_f32(x->dtype) ? al_td_dense16(t, al_dtype_size(x->dtype)) : NULL;
+    uint8_t *o = (uint8_t *)al_tensor_data_ptr(out);
+    al_status st;
+    if (dense && al_fp8_dtype(out->dtype) && al_aligned16(o)) {
+        const unsigned grid = al_vec_grid(dev, n);
+        const int64_t nbytes = (int64_t)sizeof(double) * (int64_t)grid;
+        double *partial = NULL;
+        st = al_cu_malloc(dev, nbytes, (void **)&partial);
+        if (st == AL_OK) {
+#define AL_QUANT_AMAX_VEC(F, D) al_fp8_quant_amax_vec_kernel<F, D><<<grid, AL_CU_THREADS, 0, s>>>(o, dense, n, scale, partial)
+            AL_FP8_DISPATCH(out->dtype, x->dtype, AL_QUANT_AMAX_VEC);
+#undef AL_QUANT_AMAX_VEC
+            st = AL_CUDA_ST(cudaGetLastError());
+            if (st == AL_OK) {
+                al_amax_final_kernel<<<1, AL_CU_THREADS, 0, s>>>(partial, (int64_t)grid, res);
+                st = AL_CUDA_ST(cudaGetLastError());
+            }
+            al_cu_free(dev, partial, nbytes);   /* (stream-ordered: reused only by later work on this stream) */
+        }
+    } else {
+        st = cu_quantize(out, x, scale);
+        if (st == AL_OK) st = al_cu_amax_into(x, res);
+    }
+    if (st != AL_OK) al_tensor_release(amax);
+    return st;
 }
 
 static al_status cu_dequantize(al_tensor *out, const al_tensor *q, double scale_inv) {
@@ -417,6 +498,7 @@ void al_cu_fp8_fill_api(al_cuda_api *api) {
     api->amax = cu_amax;
     api->amax_to = cu_amax_to;
     api->fp8_quantize = cu_quantize;
+    api->fp8_quantize_amax = cu_quantize_amax;
     api->fp8_dequantize = cu_dequantize;
     api->fp8_quantize_rows = cu_quantize_rows;
     api->mxfp8_quantize = cu_mx_quantize;

@@ -60,6 +60,31 @@ static void test_quantize_bits(void) {
     al_tensor_release(&x);
 }
 
+/* al_fp8_quantize_amax: al_fp8_quantize's codes and al_amax_tensor's value from one call; NULL results and a
+ * bad scale are errors that leave both results zeroed */
+static void test_quantize_amax(void) {
+    al_tensor x, v, q, a, qr;
+    int64_t s[3] = {3, 7, 5};
+    randn(&x, 3, s, 5);
+    CHECK_OK(al_tensor_transpose(&v, &x, 0, 1));   /* [7,3,5] strided */
+    for (int fmt = AL_DTYPE_FP8_E4M3; fmt <= AL_DTYPE_FP8_E5M2; fmt++) {
+        CHECK_OK(al_fp8_quantize_amax(&q, &a, &v, fmt, 13.25));
+        CHECK_OK(al_fp8_quantize(&qr, &v, fmt, 13.25));
+        double want = 0.0;
+        CHECK_OK(al_amax(&v, &want));
+        CHECK(a.ndim == 1 && a.size[0] == 1 && a.dtype == AL_DTYPE_F64 && *(const double *)al_tensor_data_ptr(&a) == want,
+              "amax %g, want %g", *(const double *)al_tensor_data_ptr(&a), want);
+        CHECK(q.dtype == fmt && al_tensor_numel(&q) == 105 &&
+              memcmp(al_tensor_data_ptr(&q), al_tensor_data_ptr(&qr), 105) == 0, "codes equal to al_fp8_quantize's (format %d)", fmt);
+        al_tensor_release(&q); al_tensor_release(&a); al_tensor_release(&qr);
+    }
+    CHECK_ERR(al_fp8_quantize_amax(&q, NULL, &v, AL_DTYPE_FP8_E4M3, 1.0), AL_ERR_ARG, "out and amax");
+    CHECK_ERR(al_fp8_quantize_amax(&q, &a, &v, AL_DTYPE_FP8_E4M3, NAN), AL_ERR_ARG, "scale must be finite and > 0");
+    CHECK(q.storage == NULL && a.storage == NULL, "results zeroed on failure");
+    al_tensor_release(&v);
+    al_tensor_release(&x);
+}
+
 static void test_mx_and_rows(void) {
     al_tensor x, q, sc, d, r, si;
     int64_t s[2] = {3, 80};
@@ -210,6 +235,7 @@ static void test_deferred_rules(void) {
 int main(void) {
     RUN(test_amax_strided);
     RUN(test_quantize_bits);
+    RUN(test_quantize_amax);
     RUN(test_mx_and_rows);
     RUN(test_attention_fp8);
     RUN(test_deferred_rules);

@@ -54,6 +54,48 @@ describe("fp8 quantisation (cpu)", function()
     end
   end)
 
+  it("quantize_amax = quantize and amax_tensor in one call: the same codes and the same amax", function()
+    al.manual_seed(os.time() % 100000)
+    for _, dt in ipairs({ "f64", "f32", "bf16", "f16" }) do
+      local x = (al.randn({ 5, 3, 9 }) * 50):to(dt):transpose(1, 3)   -- strided
+      for _, fmt in ipairs({ "e4m3", "e5m2" }) do
+        local sc = 0.5 + math.random() * 4
+        local q, am = al.fp8.quantize_amax(x, { format = fmt, scale = sc })
+        local ref = al.fp8.quantize(x, { format = fmt, scale = sc })
+        local ok, at = same_codes(q.data, ref.data)
+        assert.is_true(ok, dt .. " " .. fmt .. ": codes differ at " .. tostring(at))
+        assert.are.equal(sc, q.scale)
+        assert.are.equal(1 / sc, q.scale_inv)
+        assert.are.equal("fp8_" .. fmt, q.data:dtype())
+        assert.are.same({ 1 }, am:size())
+        assert.are.equal("f64", am:dtype())
+        assert.are.equal(al.fp8.amax(x), am:item())
+      end
+    end
+    local y = al.randn({ 40 })
+    y:narrow(1, 17, 1):fill_(0 / 0)
+    local _, an = al.fp8.quantize_amax(y, { scale = 1 })
+    assert.is_true(an:item() ~= an:item(), "a NaN element makes the amax NaN")
+    local qe, ae = al.fp8.quantize_amax(al.empty({ 0, 4 }), { scale = 2 })
+    assert.are.same({ 0, 4 }, qe.data:size())
+    assert.are.equal(0, ae:item())
+  end)
+
+  it("quantize_amax refuses a missing or bad scale, a non-float x and a bad format, naming the argument", function()
+    local x = al.randn({ 4 })
+    assert.has_error(function() al.fp8.quantize_amax(x) end,
+      "fp8.quantize_amax: scale: expected a finite number > 0, got nil")
+    assert.has_error(function() al.fp8.quantize_amax(x, { scale = -1 }) end,
+      "fp8.quantize_amax: scale: expected a finite number > 0, got -1")
+    assert.has_error(function() al.fp8.quantize_amax(x, { scale = 1 / 0 }) end,
+      "fp8.quantize_amax: scale: expected a finite number > 0, got inf")
+    assert.has_error(function() al.fp8.quantize_amax(x, { scale = 1, format = "e3m4" }) end,
+      "fp8.quantize_amax: format: expected 'e4m3' or 'e5m2', got e3m4")
+    local ok, err = pcall(al.fp8.quantize_amax, al.zeros({ 2 }, { dtype = "i32" }), { scale = 1 })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):match("x must be f32, f64, f16 or bf16, got i32"), tostring(err))
+  end)
+
   it("saturates (e4m3 to 448, e5m2 to 57344) instead of overflowing", function()
     local x = al.tensor({ 1e6, -1e6, 500, 0.001 })
     local q = al.fp8.quantize(x, { format = "e4m3", scale = 1 }):dequantize("f64"):flat_values()
@@ -429,6 +471,16 @@ describe("fp8 CUDA parity #gpu", function()
               ok, at = same_codes(a:dequantize(odt), b:dequantize(odt):cpu())
               assert.is_true(ok, what .. ": dequantize to " .. odt .. " differs at element " .. tostring(at))
             end
+          end
+          -- quantize_amax: one pass on the fast path, the two kernels on the unaligned view; the CPU's codes and amax
+          for _, xx in ipairs({ { x, xg, "aligned" }, { x:narrow(1, 2, n - 1), xg:narrow(1, 2, n - 1), "unaligned" } }) do
+            local qc, ac2 = al.fp8.quantize_amax(xx[1], { format = fmt, scale = 1.7 })
+            local qg, ag2 = al.fp8.quantize_amax(xx[2], { format = fmt, scale = 1.7 })
+            assert.are.equal("cuda:0", ag2:device())
+            local ok, at = same_codes(qc.data, qg.data:cpu())
+            assert.is_true(ok, dt .. " " .. fmt .. " " .. xx[3] .. ": quantize_amax codes differ at " .. tostring(at))
+            assert.is_true(same_amax(ac2:item(), ag2:item()), dt .. " " .. fmt .. " " .. xx[3] .. ": quantize_amax amax " ..
+              tostring(ac2:item()) .. " vs " .. tostring(ag2:item()))
           end
           local a = al.fp8.quantize(x:narrow(1, 2, n - 1), { format = fmt, scale = 1.7 })
           local b = al.fp8.quantize(xg:narrow(1, 2, n - 1), { format = fmt, scale = 1.7 })
