@@ -411,7 +411,7 @@ static void run_free(f8_run *r) {
 
 /* The scalars' upload and a deferred call's read-back are one-block kernels, not copies: a cudaMemcpyAsync
  * between two kernels hands the stream to a copy engine and back, and the next kernel starts only after that
- * round trip. Measured on the H200 at 4x16x4096x128 (notes of session 8, docs/PERFORMANCE.md): back-to-back
+ * round trip. Measured on the H200 at 4x16x4096x128 (docs/PERFORMANCE.md, session 8): back-to-back
  * FP8 forwards took 617 us per call by events around a 563 us cuDNN kernel (ncu), with two small copies per
  * call between the kernels. */
 typedef struct { float v[NSC]; } f8_sc_vals;
@@ -573,7 +573,7 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
 #define PEND_BYTES (NSC * SC_SLOT + 16)   /* the device scalar block's image, then amax(dO) as a double */
 typedef struct f8_pend {
     al_fp8_pending base;        /* first member: al_attn_fp8.pending points here */
-    cudaEvent_t done;           /* recorded after the copies */
+    cudaEvent_t done;           /* recorded after the read-back kernel */
     char *host;                 /* pinned and mapped, PEND_BYTES */
     char *dhost;                /* its device address (f8_sc_readback_kernel writes there) */
     double softmax_scale;       /* backward: cuDNN's amax_dP is reported over it */
