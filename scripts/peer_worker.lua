@@ -64,23 +64,15 @@ local function setup(w)
   answer("READY")
 end
 
--- the driver's own timing, step for step: 2 warm-up calls, a synchronize, CUDA events around iters calls
--- (not al.cuda.time, whose extra warm-up until the allocator is calm would give our side more warm calls
--- than PyTorch's; setup has already warmed the allocator)
+-- the driver's own timing, step for step: 2 warm-up calls, then CUDA events around iters calls
+-- (al.cuda.time with warmup = 0: its extra warm-up until the allocator is calm would give our side more warm
+-- calls than PyTorch's; setup has already warmed the allocator)
 local function mean_ms(fn, iters)
   fn(); fn()
-  if cur.device ~= "cuda" then
-    local t0 = al.clock()
-    for _ = 1, iters do fn() end
-    return (al.clock() - t0) * 1e3 / iters
-  end
-  al.cuda.synchronize()
-  local e0, e1 = al.cuda.Event(), al.cuda.Event()
-  e0:record()
+  if cur.device == "cuda" then return al.cuda.time(fn, { warmup = 0, iters = iters }) end
+  local t0 = al.clock()
   for _ = 1, iters do fn() end
-  e1:record()
-  e1:synchronize()
-  return e0:elapsed_time(e1) / iters
+  return (al.clock() - t0) * 1e3 / iters
 end
 
 local function time_it(w)

@@ -173,15 +173,21 @@ static al_status check_format(const char *op, int32_t format) {
     return AL_OK;
 }
 
+/* what per-tensor quantisation accepts: a valid x of a high-precision float dtype, an FP8 format, a scale > 0 */
+static al_status check_quantize_args(const char *op, const al_tensor *x, int32_t format, double scale) {
+    AL_TRY(al_check_tensor(op, "x", x));
+    AL_TRY(check_format(op, format));
+    if (!is_hp_float(x->dtype))
+        return al_error(AL_ERR_ARG, "%s: x must be f32, f64, f16 or bf16, got %s", op, al_dtype_name(x->dtype));
+    if (!(scale > 0.0) || !isfinite(scale))
+        return al_error(AL_ERR_ARG, "%s: scale must be finite and > 0, got %g", op, scale);
+    return AL_OK;
+}
+
 AL_EXPORT al_status al_fp8_quantize(al_tensor *out, const al_tensor *x, int32_t format, double scale) {
     if (out) memset(out, 0, sizeof *out);
     if (!out) return al_error(AL_ERR_ARG, "fp8_quantize: out must not be NULL");
-    AL_TRY(al_check_tensor("fp8_quantize", "x", x));
-    AL_TRY(check_format("fp8_quantize", format));
-    if (!is_hp_float(x->dtype))
-        return al_error(AL_ERR_ARG, "fp8_quantize: x must be f32, f64, f16 or bf16, got %s", al_dtype_name(x->dtype));
-    if (!(scale > 0.0) || !isfinite(scale))
-        return al_error(AL_ERR_ARG, "fp8_quantize: scale must be finite and > 0, got %g", scale);
+    AL_TRY(check_quantize_args("fp8_quantize", x, format, scale));
     AL_TRY(al_tensor_empty(out, x->ndim, x->size, format, x->device_type, x->device_index));
     al_status st = AL_OK;
     if (al_tensor_numel(x) > 0) {
@@ -202,12 +208,7 @@ AL_EXPORT al_status al_fp8_quantize_amax(al_tensor *out, al_tensor *amax, const 
     if (out) memset(out, 0, sizeof *out);
     if (amax) memset(amax, 0, sizeof *amax);
     if (!out || !amax) return al_error(AL_ERR_ARG, "fp8_quantize_amax: out and amax (the result tensors) must not be NULL");
-    AL_TRY(al_check_tensor("fp8_quantize_amax", "x", x));
-    AL_TRY(check_format("fp8_quantize_amax", format));
-    if (!is_hp_float(x->dtype))
-        return al_error(AL_ERR_ARG, "fp8_quantize_amax: x must be f32, f64, f16 or bf16, got %s", al_dtype_name(x->dtype));
-    if (!(scale > 0.0) || !isfinite(scale))
-        return al_error(AL_ERR_ARG, "fp8_quantize_amax: scale must be finite and > 0, got %g", scale);
+    AL_TRY(check_quantize_args("fp8_quantize_amax", x, format, scale));
     if (x->device_type != AL_DEVICE_CUDA || al_tensor_numel(x) == 0) {   /* the two calls, one after the other */
         AL_TRY(al_fp8_quantize(out, x, format, scale));
         al_status st = al_amax_tensor(amax, x);
