@@ -829,29 +829,31 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     /* every scale given and the caller can wait: amax(dO) stays on the GPU and every amax follows the graph
      * to pinned memory (the deferred-amax record above); else amax(dO) now (a current dO scale needs it) */
     const int defer = f->amax_deferred && so > 0.0 && sdo > 0.0 && sg > 0.0;
-    double *d_amdo = NULL;
+    al_tensor o8, do8, g8[3], amdo;   /* amdo: amax(dO), f64 [1] on the device (deferred) */
+    memset(&o8, 0, sizeof o8);
+    memset(&do8, 0, sizeof do8);
+    memset(g8, 0, sizeof g8);
+    memset(&amdo, 0, sizeof amdo);
+    const double *d_amdo = NULL;
     f8_pend *pend = NULL;
-    if (s == AL_OK && defer) {
-        s = al_cu_malloc(dev, 16, (void **)&d_amdo);
-        if (s == AL_OK) s = al_cu_amax_into(dout, d_amdo);
+    if (s == AL_OK && defer) {   /* dO quantised with its given scale and measured in one pass */
+        s = al_fp8_quantize_amax(&do8, &amdo, dout, bfmt, sdo);
+        if (s == AL_OK) d_amdo = (const double *)al_tensor_data_ptr(&amdo);
     } else if (s == AL_OK) {
         s = al_amax(dout, &am_do);
     }
     if (s == AL_OK && sdo == 0.0) sdo = al_fp8_current_scale(bmax, am_do, p2);
     if (s != AL_OK) {
-        if (d_amdo) al_cu_free(dev, d_amdo, 16);
+        al_tensor_release(&do8);
+        al_tensor_release(&amdo);
         return s;
     }
 
-    al_tensor o8, do8, g8[3];
-    memset(&o8, 0, sizeof o8);
-    memset(&do8, 0, sizeof do8);
-    memset(g8, 0, sizeof g8);
     al_tensor *gd[3] = {dq, dk, dv};
     /* fp8_output: out already holds O's codes (the graph reads them as they are) */
     if (out->dtype == q->dtype) s = al_tensor_alias(&o8, out);
     else s = al_fp8_quantize(&o8, out, q->dtype, so);
-    if (s == AL_OK) s = al_fp8_quantize(&do8, dout, bfmt, sdo);
+    if (s == AL_OK && !defer) s = al_fp8_quantize(&do8, dout, bfmt, sdo);
     for (int i = 0; i < 3 && s == AL_OK; i++) s = al_tensor_empty(&g8[i], gd[i]->ndim, gd[i]->size, bfmt, AL_DEVICE_CUDA, dev);
     f8_run r;
     memset(&r, 0, sizeof r);
@@ -911,7 +913,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     al_tensor_release(&o8);
     al_tensor_release(&do8);
     for (int i = 0; i < 3; i++) al_tensor_release(&g8[i]);
-    if (d_amdo) al_cu_free(dev, d_amdo, 16);   /* (stream-ordered: its read-back is queued before any reuse) */
+    al_tensor_release(&amdo);   /* (stream-ordered: its read-back is queued before any reuse) */
     if (s == AL_OK) {
         if (pend) {   /* known at al_attn_fp8_settle */
             f->amax[AL_FP8_SLOT_DO] = f->amax[AL_FP8_SLOT_DP] = f->amax[AL_FP8_SLOT_DQKV] = NAN;
