@@ -628,8 +628,52 @@ struct al_attn_fp8 {
                                     them first. 0 (default): amax[] is filled on return */
     void   *pending;             /* out: non-NULL while deferred amaxes are outstanding (opaque; owned by this
                                     struct: a byte copy of it does not settle them, and reads NaN) */
+    struct al_fp8_ds *ds;        /* in: delayed scaling kept on the device (al_fp8_ds below), or NULL. When set,
+                                    every slot is delayed and its scale is read from ds on the device: scale[],
+                                    qkv_scale_inv, amax[] and scale_used[] are not used (q, k, v must have been
+                                    quantised with ds's QKV scale: al_fp8_ds_quantize); each call adds its amaxes
+                                    to ds's accumulators (no host wait) for the caller's al_fp8_ds_update */
+    al_tensor *ds_used;          /* with ds: f64 [6] on ds's device, owned by the caller; the forward writes the
+                                    scales it used for QKV, S, O (the backward reads them there: they may have
+                                    moved on in ds since) and the backward those of dO, dP, dQKV */
 };
 void al_attn_fp8_init(al_attn_fp8 *f);
+
+/* Delayed scaling kept on the device (TransformerEngine's DelayedScaling): per slot an amax history, the scale
+ * the next call uses and an accumulator for the amaxes the current call reports, in one f64 tensor on the
+ * device of the data, so a training step never waits for the GPU to choose its scales. Attention calls with
+ * al_attn_fp8.ds set read their scales there and add their amaxes to the accumulators (max; NaN wins);
+ * al_fp8_ds_update then appends each chosen slot's accumulated amax to its history, clears the accumulator and
+ * recomputes the scale, queued on the device's stream, exactly as al.fp8's recipes do on the host: scale =
+ * fp8_max / algo(history) / 2^margin, kept when that amax is 0, inf or NaN (algo "max" propagates a NaN in the
+ * history). On the CPU the same state lives in host memory and the same steps run at once. */
+typedef enum al_fp8_algo { AL_FP8_ALGO_MAX = 0, AL_FP8_ALGO_MOST_RECENT = 1 } al_fp8_algo;
+typedef struct al_fp8_ds {
+    al_tensor state;             /* f64 [6 * history_len + 18]: history [6][history_len] (a ring per slot),
+                                    scale [6], accumulator [6], last_used [6] (the scale before the last update) */
+    int32_t history_len;         /* >= 1 */
+    int32_t algo;                /* al_fp8_algo */
+    double  pow2_margin;         /* 2^margin, as the host computes it */
+    double  fmax[6];             /* per slot: the largest finite value of its format */
+    int64_t count[6];            /* amaxes recorded per slot so far (host bookkeeping: updates are queued in order) */
+} al_fp8_ds;
+/* ds (zeroed first) with its state on (device_type, device_index), seeded from a host recipe's state: per slot
+ * s, count[s] amaxes recorded so far of which the last min(count[s], history_len) are history[s*history_len ..]
+ * (oldest first), and scale[s] (> 0). history may be NULL when every count is 0. */
+al_status al_fp8_ds_init(al_fp8_ds *ds, int32_t device_type, int32_t device_index, int32_t history_len, int32_t algo,
+                         double pow2_margin, const double fmax[6], const double *history, const int64_t count[6],
+                         const double scale[6]);
+void al_fp8_ds_release(al_fp8_ds *ds);
+/* For every slot s with bit s of slot_mask set: history gets the accumulated amax, the accumulator is
+ * cleared, last_used[s] = scale[s] and scale[s] is recomputed (queued on a GPU; done at once on the CPU). */
+al_status al_fp8_ds_update(al_fp8_ds *ds, uint32_t slot_mask);
+/* out (new, contiguous, x's shape, dtype = format) = fp8(x * scale[slot]) with the scale read on the device,
+ * and accumulator[slot] = max(accumulator[slot], amax(x)) in the same pass: al_fp8_quantize_amax's codes. x
+ * must be on ds's device. */
+al_status al_fp8_ds_quantize(al_tensor *out, const al_tensor *x, int32_t format, al_fp8_ds *ds, int32_t slot);
+/* The state on the host (waits for the device): per slot the min(count, history_len) most recent amaxes,
+ * oldest first, at history[s*history_len ..] (the rest 0), scale [6], last_used [6]; any may be NULL. */
+al_status al_fp8_ds_read(const al_fp8_ds *ds, double *history, double *scale, double *last_used);
 /* Waits for the deferred amaxes of the last call made with f (if any), writes them into f->amax and
  * clears f->pending. A no-op when nothing is pending. Safe as a finaliser (releases what it holds). */
 void al_attn_fp8_settle(al_attn_fp8 *f);

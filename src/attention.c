@@ -140,6 +140,16 @@ static al_status check_fp8(const al_attn_plan *pl) {
                             "(O quantised outside the call, by a Lua or MXFP8 recipe)");
     }
     if (!isfinite(f->margin)) return al_error(AL_ERR_ARG, "attention: fp8.margin must be finite, got %g", f->margin);
+    if (f->ds) {   /* delayed scaling on the device: every slot delayed, its scale read from ds */
+        AL_TRY(al_fp8_ds_check_attn(f, pl->in.q));
+        if (f->o_per_token || f->q_descale || f->k_descale || f->v_descale)
+            return al_error(AL_ERR_ARG, "attention: fp8.ds (delayed scaling on the device) scales per tensor: per-token "
+                            "descales and per-token O scaling do not apply");
+        for (int i = 0; i < 6; i++)
+            if (!(f->scale[i] > 0.0))
+                return al_error(AL_ERR_ARG, "attention: with fp8.ds every fp8.scale[] must say 'given' (> 0; the value is read "
+                                "from ds), got scale[%s] = %g", slot_name(i), f->scale[i]);
+    }
     for (int i = 0; i < 6; i++) {
         if (!isfinite(f->scale[i]))
             return al_error(AL_ERR_ARG, "attention: fp8.scale[%s] must be finite, got %g", slot_name(i), f->scale[i]);
@@ -671,7 +681,7 @@ static int32_t cpu_supports(const al_attn_plan *pl, char *reason, size_t n) {
     }
     return 1;
 }
-static const al_attn_backend cpu_backend = {"cpu", cpu_supports, al_cpu_attn_forward, al_cpu_attn_backward, 1};
+static const al_attn_backend cpu_backend = {"cpu", cpu_supports, al_cpu_attn_forward, al_cpu_attn_backward, 1, 0};
 
 enum { SLOT_FUSED, SLOT_FLASH, SLOT_UNFUSED, SLOT_CPU, NSLOTS };
 static const char *slot_names[NSLOTS] = {"fused", "flash", "unfused", "cpu"};
@@ -859,7 +869,19 @@ AL_EXPORT al_status al_attn_forward(const al_attn_params *p, const al_attn_input
     }
     const al_attn_backend *be;
     al_status s = choose(&pl, &be, NULL, 0);
-    if (s == AL_OK) s = be->forward(&pl, out, lse, pl.p.return_max_logit ? max_logit : NULL);
+    al_attn_fp8 *f8 = pl.in.fp8, host8;
+    if (s == AL_OK && f8 && f8->ds && !be->fp8_ds) {   /* its scales through the host (al_fp8_ds_resolve) */
+        s = al_fp8_ds_resolve(f8, 0, &host8);
+        pl.in.fp8 = &host8;
+        if (s == AL_OK) s = be->forward(&pl, out, lse, pl.p.return_max_logit ? max_logit : NULL);
+        pl.in.fp8 = f8;
+        if (s == AL_OK) s = al_fp8_ds_commit(f8, 0, &host8);
+        if (s == AL_OK) {
+            for (int i = 0; i < 6; i++) f8->amax[i] = host8.amax[i], f8->scale_used[i] = host8.scale_used[i];
+        }
+    } else if (s == AL_OK) {
+        s = be->forward(&pl, out, lse, pl.p.return_max_logit ? max_logit : NULL);
+    }
     plan_free(&pl);
     if (s != AL_OK) { al_tensor_release(out); al_tensor_release(lse); if (max_logit) al_tensor_release(max_logit); }
     return s;
@@ -920,8 +942,22 @@ AL_EXPORT al_status al_attn_backward(const al_attn_params *p, const al_attn_inpu
     }
     const al_attn_backend *be;
     if ((s = choose(&pl, &be, NULL, 0)) != AL_OK) goto done;
-    s = be->backward(&pl, out, dout, lse, dq, dk, dv, pl.has_grad_bias ? dbias : NULL,
-                     pl.p.softmax_type == AL_ATTN_SOFTMAX_LEARNABLE ? d_softmax_offset : NULL);
+    al_attn_fp8 *f8 = pl.in.fp8, host8;
+    if (f8 && f8->ds && !be->fp8_ds) {   /* its scales through the host (al_fp8_ds_resolve) */
+        s = al_fp8_ds_resolve(f8, 1, &host8);
+        pl.in.fp8 = &host8;
+        if (s == AL_OK)
+            s = be->backward(&pl, out, dout, lse, dq, dk, dv, pl.has_grad_bias ? dbias : NULL,
+                             pl.p.softmax_type == AL_ATTN_SOFTMAX_LEARNABLE ? d_softmax_offset : NULL);
+        pl.in.fp8 = f8;
+        if (s == AL_OK) s = al_fp8_ds_commit(f8, 1, &host8);
+        if (s == AL_OK) {
+            for (int i = 0; i < 6; i++) f8->amax[i] = host8.amax[i], f8->scale_used[i] = host8.scale_used[i];
+        }
+    } else {
+        s = be->backward(&pl, out, dout, lse, dq, dk, dv, pl.has_grad_bias ? dbias : NULL,
+                         pl.p.softmax_type == AL_ATTN_SOFTMAX_LEARNABLE ? d_softmax_offset : NULL);
+    }
 done:
     plan_free(&pl);
     if (s != AL_OK) {

@@ -80,7 +80,18 @@ typedef struct al_attn_backend {
     /* 1 when supports() judges FP8 plans (in.fp8 != NULL) itself; 0 (the default of a positional
      * initialiser) makes the front door decline FP8 plans for this backend with a fixed reason */
     int32_t fp8;
+    /* 1 when forward/backward read fp8.ds (delayed scaling on the device, al_fp8_ds) themselves; 0: the front
+     * door hands them a copy of the settings with ds's scales on the host (al_fp8_ds_resolve / commit) */
+    int32_t fp8_ds;
 } al_attn_backend;
+
+/* fp8_delayed.c: attention with al_attn_fp8.ds set. check_attn validates ds and ds_used against q; resolve
+ * fills h (a copy of f without ds) with the scales a host-reading backend needs (forward: ds's; backward: the
+ * forward's QKV, S, O from ds_used and ds's dO, dP, dQKV); commit hands h's amaxes to ds's accumulators and
+ * the scales used to ds_used. On a GPU both read or write a few doubles (they wait for the stream). */
+al_status al_fp8_ds_check_attn(const al_attn_fp8 *f, const al_tensor *q);
+al_status al_fp8_ds_resolve(const al_attn_fp8 *f, int backward, al_attn_fp8 *h);
+al_status al_fp8_ds_commit(const al_attn_fp8 *f, int backward, const al_attn_fp8 *h);
 
 /* Register a backend at a preference slot: "fused", "flash", "unfused" (GPU plugins) — the name
  * fixes the slot; the cpu backend is built in. Replaces an earlier registration of the same name. */

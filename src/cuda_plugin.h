@@ -15,8 +15,9 @@
 #define ATTNLAB_CUDA_PLUGIN_H
 
 #include "attnlab.h"
+#include "numeric/fp8_delayed.h"
 
-#define AL_CUDA_ABI_VERSION 3
+#define AL_CUDA_ABI_VERSION 4
 
 typedef struct al_cuda_api {
     int32_t abi_version;                 /* AL_CUDA_ABI_VERSION */
@@ -89,6 +90,11 @@ typedef struct al_cuda_api {
     /* fp8_quantize and amax_to in one pass: out allocated by the core, amax (f64 [1]) by the plugin */
     al_status (*fp8_quantize_amax)(al_tensor *out, al_tensor *amax, const al_tensor *x, double scale);
     al_status (*fp8_dequantize)(al_tensor *out, const al_tensor *q, double scale_inv);
+    /* delayed scaling on the device (src/fp8_delayed.c): out (allocated by the core) = fp8(x * *scale) with
+     * the scale read on the device, and *acc = max(*acc, amax(x)) in the same pass (acc may be NULL) */
+    al_status (*fp8_quantize_dev)(al_tensor *out, const al_tensor *x, const double *scale, double *acc);
+    /* al_fp8_ds_update on the device (numeric/fp8_delayed.h's steps), queued on the current stream */
+    al_status (*fp8_ds_update)(int32_t dev, double *state, const al_fp8_ds_step *step);
     /* rows = the leading x->ndim - row_dims dims; scale_inv f32 [rows] (contiguous) */
     al_status (*fp8_quantize_rows)(al_tensor *out, al_tensor *scale_inv, const al_tensor *x, int32_t row_dims,
                                    double pow2_margin);

@@ -538,7 +538,9 @@ function M.forward(al, args, defaults, level)
     qkv_interleave_dim = args.qkv_interleave_dim or -3 }
   local flat = flatten(out)
   if f8 and f8.f.out_dtype == f8.recipe.fwd_format then   -- fp8_output: codes + O's scale, like TE's Float8Tensor
-    flat = f8.module.wrap(flat, f8.f.scale_used[2], f8.recipe.fwd_format)
+    -- (delayed scaling on the device: O's scale is element 3 of the call's used record, read when asked for)
+    local sc = f8.post.ds and { f8.post.used, 3 } or f8.f.scale_used[2]
+    flat = f8.module.wrap(flat, sc, f8.recipe.fwd_format)
   end
   if p.return_max_logit ~= 0 then
     ctx.max_logit = ml
@@ -630,7 +632,7 @@ function M.backward(al, ctx, dout)
   if f8 then d4, do_done = f8.module.prepare_backward(al, f8.recipe, f8.f, d4) end
   T.check(C.al_attn_backward(ctx.params, ctx.inputs, out.raw, d4.raw, ctx.lse.raw, dq.raw, dk.raw, dv.raw,
     db.raw, doff.raw), fname)
-  if f8 then f8.module.finish_backward(al, f8.recipe, f8.f, { dq, dk, dv }, do_done) end
+  if f8 then f8.module.finish_backward(al, f8.recipe, f8.f, { dq, dk, dv }, do_done, f8.post) end
   if db.raw.storage ~= nil then grads.core_attention_bias = db end
   if doff.raw.storage ~= nil then grads.softmax_offset = doff end
   return grads
@@ -679,6 +681,13 @@ function M.explain(al, args, defaults, level)
   if f8 then
     text = text .. "fp8 recipe: " .. tostring(f8.recipe) .. (mode ~= "separate" and f8.recipe.slots.qkv.mode ~= "mx" and
       args.fp8_combine ~= false and " (packed " .. mode .. " buffer quantised in one pass: combine_and_quantize)\n" or "\n")
+    if rawget(f8.recipe, "ds_algo") then
+      text = text .. "fp8 scaling state: with the data on " .. refs.q:device() ..
+        " (amax histories and scales updated there after each call; " ..
+        (refs.q:device() == "cpu" and "read directly"
+          or name ~= nil and ffi.string(name) == "fused" and "the fused backend reads them on the device, no host wait"
+          or "this backend reads its scales on the host: a wait per call") .. ")\n"
+    end
   end
   if name == nil and text:find("error:", 1, true) == nil then
     text = text .. "error: " .. T.last_error() .. "\n"

@@ -24,6 +24,7 @@ S and dP are produced inside the kernel: they are always delayed (TE does the sa
 combine_and_quantize: given qkv_layer (or kv_layer), the packed buffer is quantised in one pass with
 the one QKV scale and q/k/v are select views of the FP8 buffer (bit-identical to quantising each view).
 ]]
+local bit = require "bit"
 local lffi = require "attnlab.ffi"
 local T = require "attnlab.tensor"
 local ffi, C = lffi.ffi, lffi.C
@@ -52,7 +53,19 @@ function M.fp8_max(format) return tonumber(C.al_fp8_max(fmt_code("fp8_max", form
 -- quantised tensors
 ---------------------------------------------------------------------------------------------------
 local F8 = {}
-F8.__index = F8
+-- an FP8 tensor whose scale is still on the device (attention's fp8_output under delayed scaling on the
+-- device) reads it on first use of .scale / .scale_inv: one wait, only when a script asks
+F8.__index = function(self, k)
+  local at = rawget(self, "_scale_at")
+  if at and (k == "scale" or k == "scale_inv") then
+    local sc = at[1]:narrow(1, at[2], 1):item()
+    rawset(self, "scale", sc)
+    rawset(self, "scale_inv", 1 / sc)
+    rawset(self, "_scale_at", nil)
+    return rawget(self, k)
+  end
+  return F8[k]
+end
 function F8:dequantize(dtype)
   local out = T.new()
   T.check(C.al_fp8_dequantize(out.raw, self.data.raw, self.scale_inv, T.parse_dtype(dtype or "f32", "dequantize")),
@@ -61,8 +74,11 @@ function F8:dequantize(dtype)
 end
 function F8:size(...) return self.data:size(...) end
 -- an FP8 tensor object around codes that carry scale (attention's fp8_output)
+-- (scale may be {tensor, i}: element i of a device tensor, read when first asked for)
 function M.wrap(data, scale, format)
-  return setmetatable({ data = data, scale = scale, scale_inv = 1 / scale, format = FMT_NAME[fmt_code("fp8.wrap", format)] }, F8)
+  local f = FMT_NAME[fmt_code("fp8.wrap", format)]
+  if type(scale) == "table" then return setmetatable({ data = data, format = f, _scale_at = scale }, F8) end
+  return setmetatable({ data = data, scale = scale, scale_inv = 1 / scale, format = f }, F8)
 end
 function F8:__tostring()
   return string.format("al.fp8 tensor (%s, scale %.6g, shape [%s])", self.format, self.scale,
@@ -226,9 +242,89 @@ function Recipe:defer(fn)
   p[#p + 1] = fn
 end
 
+-- Delayed scaling kept on the device (al_fp8_ds, src/fp8_delayed.c). A DelayedScaling recipe with a built-in
+-- amax_compute_algo moves its state (histories, scales) to the data's device at its first call there: the
+-- quantise kernels and cuDNN's graph read the scales on the device and add their amaxes to accumulators, and
+-- an update kernel after each call folds them into the histories, so no step waits for the GPU (TE's way).
+-- The Lua tables below mirror it: r:state() reads it back (one wait); anything that changes the state on
+-- the host (reset, a call through the host path) first takes it back and drops the device copy, which the
+-- next device call seeds again. device_scaling = false keeps everything on the host.
+local DS_ALGO = { max = 0, most_recent = 1 }
+local DS_MASK_FWD, DS_MASK_BWD = 0x07, 0x38
+
+-- the al_fp8_ds for tensor x's device (created from the Lua state), or nil when the recipe keeps its state
+-- on the host
+function Recipe:_ds_for(x)
+  local algo = rawget(self, "ds_algo")
+  if not algo then return nil end
+  local dev = x:device()
+  local ds = rawget(self, "_ds")
+  if ds and self._ds_device == dev then return ds end
+  self:_pull(true)
+  local H = self.slots.qkv.history_len
+  local hist, count = ffi.new("double[?]", 6 * H), ffi.new("int64_t[6]")
+  local scale, fmax = ffi.new("double[6]"), ffi.new("double[6]")
+  for i, s in ipairs(SLOTS) do
+    local st = self.slots[s]
+    local h = st.amax_history
+    count[i - 1] = #h
+    for j = 1, #h do hist[(i - 1) * H + j - 1] = h[j] end
+    scale[i - 1], fmax[i - 1] = st.scale, self:fmax(s)
+  end
+  ds = ffi.gc(ffi.new("al_fp8_ds"), C.al_fp8_ds_release)
+  local dt, di = T.parse_device(dev, "fp8 recipe")
+  T.check(C.al_fp8_ds_init(ds, dt, di, H, algo, 2 ^ self.margin, fmax, hist, count, scale), "fp8.DelayedScaling (device state)")
+  local c0 = {}
+  for i = 1, 6 do c0[i] = #self.slots[SLOTS[i]].amax_history end
+  self._ds, self._ds_device, self._ds_count0 = ds, dev, c0
+  return ds
+end
+
+-- Read the device state back into the Lua tables (waits for the device); drop = true also drops the device
+-- copy (the Lua state becomes the one that counts).
+function Recipe:_pull(drop)
+  local ds = rawget(self, "_ds")
+  if not ds then return end
+  if drop then self._ds = nil end
+  M._absorb(self, ds, 0x3F, true)
+end
+
+-- The state of device state ds into recipe r's Lua tables, for the slots in mask; whole = true replaces the
+-- histories (ds is the recipe's state), else each slot's latest amax is recorded on the host (ds was dropped
+-- while a call that uses it was under way).
+function M._absorb(r, ds, mask, whole)
+  local H = ds.history_len
+  local hist, scale, used = ffi.new("double[?]", 6 * H), ffi.new("double[6]"), ffi.new("double[6]")
+  T.check(C.al_fp8_ds_read(ds, hist, scale, used), "fp8 recipe (device state)")
+  local c0 = rawget(r, "_ds_count0") or {}
+  for i, s in ipairs(SLOTS) do
+    if bit.band(mask, bit.lshift(1, i - 1)) ~= 0 then
+      local st = r.slots[s]
+      local c = tonumber(ds.count[i - 1])
+      local n = math.min(c, H)
+      if whole then
+        local h = {}
+        for j = 0, n - 1 do h[j + 1] = hist[(i - 1) * H + j] end
+        st.amax_history = h
+        st.scale = scale[i - 1]
+        if c > (c0[i] or 0) then st.last_amax, st.last_scale = h[n], used[i - 1] end
+      elseif n > 0 then
+        st.last_scale = used[i - 1]
+        r:record(s, hist[(i - 1) * H + n - 1])
+      end
+    end
+  end
+  if whole then
+    local c = {}
+    for i = 1, 6 do c[i] = tonumber(ds.count[i - 1]) end
+    r._ds_count0 = c
+  end
+end
+
 -- The scale a slot uses for its next quantisation (delayed slots), or from a current amax.
 function Recipe:compute_scale(slot, amax)
   self:settle()
+  self:_pull(true)
   local st = self.slots[slot]
   if self.scale_fn then
     local r = self.scale_fn(slot, amax ~= nil and { amax } or st.amax_history, self:fmax(slot), st)
@@ -246,6 +342,7 @@ end
 -- Append a step's amax to a slot's history (rolling) and update its delayed scale (TE: after the step).
 function Recipe:record(slot, amax)
   self:settle()
+  self:_pull(true)
   local st = self.slots[slot]
   local h = st.amax_history
   h[#h + 1] = amax
@@ -256,6 +353,7 @@ end
 
 function Recipe:state()
   self:settle()
+  self:_pull(false)
   local t = {}
   for _, s in ipairs(SLOTS) do
     local st = self.slots[s]
@@ -270,6 +368,7 @@ end
 
 function Recipe:reset()
   self:settle()
+  self._ds = nil
   for _, s in ipairs(SLOTS) do self.slots[s].amax_history = {}; self.slots[s].scale = 1.0 end
   self.steps = 0
 end
@@ -277,8 +376,10 @@ end
 -- A deep copy (same settings and state): lets two runs start from one state (prefix tests, A/B).
 function Recipe:clone()
   self:settle()
+  self:_pull(false)
   local c = setmetatable({}, Recipe)
   for k, v in pairs(self) do c[k] = v end
+  c._ds, c._ds_device, c._ds_count0 = nil, nil, nil   -- (the clone seeds its own device state when used there)
   c.slots = {}
   for s, st in pairs(self.slots) do
     local n = {}
@@ -302,7 +403,13 @@ function M.DelayedScaling(cfg)
   cfg = cfg or {}
   local fname = "fp8.DelayedScaling"
   local algo = algo_fn(fname, cfg.amax_compute_algo)
-  return new_recipe("DelayedScaling", fname, cfg, all("delayed"), all(cfg.amax_history_len or 1024), all(algo))
+  local dsc = cfg.device_scaling
+  if dsc ~= nil and type(dsc) ~= "boolean" then error(fname .. ": device_scaling: expected a boolean, got " .. type(dsc), 2) end
+  local r = new_recipe("DelayedScaling", fname, cfg, all("delayed"), all(cfg.amax_history_len or 1024), all(algo))
+  -- the state on the device (Recipe:_ds_for) unless device_scaling = false or the algo is a Lua function
+  if dsc ~= false then r.ds_algo = DS_ALGO[cfg.amax_compute_algo or "max"] end
+  r.device_scaling = r.ds_algo ~= nil
+  return r
 end
 
 -- Float8CurrentScaling: QKV, O, dO, dQKV current; S and dP delayed (history len 1, most_recent: TE's
@@ -394,6 +501,7 @@ end
 -- Returns q8, k8, v8, f (cdata), keep (refs to keep alive), post (data for finish_forward).
 function M.prepare_forward(al, r, info, q, k, v, dry)
   r:settle()
+  if dry then r:_pull(false) end   -- (explain shows the scales as they stand on the device)
   -- (the finaliser releases a deferred-amax record nobody settled)
   local f = ffi.gc(ffi.new("al_attn_fp8"), C.al_attn_fp8_settle)
   C.al_attn_fp8_init(f)
@@ -466,19 +574,29 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
       for i = 2, #srcs do m = math.max(m, get(srcs[i])) end
       return m
     end
+    -- delayed scaling on the device (Recipe:_ds_for): the scale is read and the amax accumulated there
+    local ds = not dry and r:_ds_for(q) or nil
     -- delayed on a GPU: this amax only joins the history, so it stays on the device until the recipe settles
     -- (no sync), and each source is quantised and measured in one pass (quantize_amax)
-    local on_device = sq.mode == "delayed" and not dry and q:device() ~= "cpu"
+    local on_device = not ds and sq.mode == "delayed" and not dry and q:device() ~= "cpu"
     local t = {}
-    if on_device then
+    if ds then
+      amax = nil
+    elseif on_device then
       amax = function() return max_of(function(x) return t[x]:item() end) end
     else
       amax = max_of(M.amax)
     end
     local scale
-    if sq.mode == "delayed" then scale = sq.scale
+    if ds then scale = 1   -- (read on the device)
+    elseif sq.mode == "delayed" then scale = sq.scale
     else scale = r:compute_scale("qkv", amax) end
     local function quant(x)
+      if ds then
+        local o = T.new()
+        T.check(C.al_fp8_ds_quantize(o.raw, x.raw, fmt, ds, 0), "attention.forward (fp8 qkv)")
+        return o
+      end
       if on_device then
         local q8x
         q8x, t[x] = M.quantize_amax(x, { format = FMT_NAME[fmt], scale = scale })
@@ -497,6 +615,15 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
     end
     f.qkv_scale_inv = 1 / scale
     f.scale[0] = scale
+    if ds then
+      -- every scale from ds (the 1s below only say "given"); the scales used are recorded in `used`
+      local used = al.empty({ 6 }, { dtype = "f64", device = q:device() })
+      f.ds, f.ds_used = ds, used.raw
+      keep[#keep + 1] = used
+      keep[#keep + 1] = ds   -- (the call's state even if the recipe drops it before the backward)
+      for i = 0, 5 do f.scale[i] = 1 end
+      return q8, k8, v8, f, keep, { in_dtype = in_dtype, ds = ds, used = used }
+    end
     sq.last_scale = scale
   end
   -- S (always delayed), O
@@ -517,9 +644,21 @@ function M.prepare_forward(al, r, info, q, k, v, dry)
   return q8, k8, v8, f, keep, { in_dtype = in_dtype }
 end
 
+-- the call's amaxes into the histories of ds (device state) for the slots in mask; when the recipe dropped ds
+-- meanwhile (reset, a host-path call), they are recorded on the host instead
+local function ds_finish(r, ds, mask)
+  T.check(C.al_fp8_ds_update(ds, mask), "fp8 recipe (device state update)")
+  if rawget(r, "_ds") ~= ds then M._absorb(r, ds, mask, false) end
+end
+
 -- After the C forward: record S and O, apply Lua-side O quantisation. Returns the output (4-d).
 function M.finish_forward(al, r, f, out, post, info)
   r:settle()
+  if post.ds then
+    ds_finish(r, post.ds, DS_MASK_FWD)
+    r.steps = r.steps + 1
+    return out
+  end
   r.slots.s.last_scale = f.scale_used[1]
   local mo = r.slots.o.mode
   if f.pending ~= nil then   -- S and O amaxes still on their way (only when O's scale was given)
@@ -553,6 +692,7 @@ end
 -- Before the C backward: scales of dO, dP, dQKV; Lua-side dO quantisation. Returns dout to pass.
 function M.prepare_backward(al, r, f, dout)
   r:settle()
+  if f.ds ~= nil then return dout, false end   -- (dO, dP, dQKV scales read from f.ds on the device)
   f.scale[4] = r.slots.dp.scale
   local function cslot(i, s)
     local m = r.slots[s].mode
@@ -579,8 +719,12 @@ function M.prepare_backward(al, r, f, dout)
 end
 
 -- After the C backward: record, apply Lua-side dQKV quantisation to the gradient tensors in place.
-function M.finish_backward(al, r, f, grads_list, do_done)
+function M.finish_backward(al, r, f, grads_list, do_done, post)
   r:settle()
+  if f.ds ~= nil then
+    ds_finish(r, post.ds, DS_MASK_BWD)
+    return
+  end
   if f.pending ~= nil then   -- dO, dP and dQKV amaxes still on their way (every backward scale was given)
     r.slots["do"].last_scale = f.scale_used[3]
     r.slots.dp.last_scale = f.scale_used[4]

@@ -1038,8 +1038,8 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
 }
 
 /* ---- registration and info ------------------------------------------------------------------------ */
-/* fp8 = 1: this backend judges FP8 plans itself (attn_fused_fp8.cu) */
-static const al_attn_backend fused_backend = {"fused", fused_supports, fused_forward, fused_backward, 1};
+/* fp8 = 1: this backend judges FP8 plans itself (attn_fused_fp8.cu); fp8_ds = 1: and reads fp8.ds on the device */
+static const al_attn_backend fused_backend = {"fused", fused_supports, fused_forward, fused_backward, 1, 1};
 
 al_status al_cu_attn_fused_register(void) {
     return al_attn_register_backend(&fused_backend);

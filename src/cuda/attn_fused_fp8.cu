@@ -53,6 +53,7 @@
 #include "cuda/host_profile.h"
 #include "cuda/cudnn_graph.h"
 #include "numeric/fp8_scale.h"
+#include "numeric/fp8_delayed.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -388,6 +389,11 @@ typedef struct f8_run {
     int64_t ws_bytes;
     int32_t dev;
     cudaStream_t stream;        /* the call's stream (the cuDNN handle's) */
+    const double *ds_scale;     /* delayed scaling on the device (al_attn_fp8.ds): its scale [6], or NULL */
+    double *ds_acc;             /* its accumulators [6] */
+    double *ds_used;            /* al_attn_fp8.ds_used's data [6] */
+    double softmax_scale;
+    int backward;
 } f8_run;
 
 static al_status run_alloc(f8_run *r, int32_t dev, cudaStream_t stream, const f8_entry *e) {
@@ -430,6 +436,74 @@ __global__ void f8_sc_readback_kernel(char *host, const char *dsc, const double 
     if (i == 0 && amax_do) *(volatile double *)(host + NSC * SC_SLOT) = *amax_do;
 }
 
+/* Delayed scaling on the device (al_attn_fp8.ds): the call's scalars computed on the device from ds's scales, with
+ * the host path's double arithmetic (so the same floats): forward from ds's QKV, S, O scales, which it records in
+ * used; backward from the forward's QKV, S, O (used: ds may have moved on since) and ds's dO, dP, dQKV, which it
+ * records in used. One thread: a dozen scalars. */
+__global__ void f8_sc_from_ds_kernel(char *dsc, const double *scale, double *used, double a, int backward) {
+    if (threadIdx.x != 0) return;
+#define W8(u, v) (*(float *)(dsc + ((u) - U_SC0) * SC_SLOT) = (v))
+    for (int u = U_SC0; u < U_SC_END; u++) W8(u, 0.0f);   /* (the amax outputs start at 0, as uploaded) */
+    if (!backward) {
+        for (int i = 0; i < 3; i++) used[i] = scale[i];
+    } else {
+        for (int i = 3; i < 6; i++) used[i] = scale[i];
+    }
+    const double sqkv = used[AL_FP8_SLOT_QKV], sS = used[AL_FP8_SLOT_S];
+    const float dq = (float)(1.0 / sqkv);
+    W8(U_DESC_Q, dq);
+    W8(U_DESC_K, dq);
+    W8(U_DESC_V, dq);
+    W8(U_SCALE_S, (float)sS);
+    W8(U_DESC_S, (float)(1.0 / sS));
+    if (!backward) {
+        W8(U_SCALE_O, (float)used[AL_FP8_SLOT_O]);
+    } else {
+        const double so = used[AL_FP8_SLOT_O], sdo = used[AL_FP8_SLOT_DO], sdP = used[AL_FP8_SLOT_DP];
+        const float g = (float)used[AL_FP8_SLOT_DQKV];
+        W8(U_DESC_O, (float)(1.0 / so));
+        W8(U_DESC_DO, (float)(1.0 / sdo));
+        W8(U_SCALE_DP, (float)(sdP / a));
+        W8(U_DESC_DP, (float)(a / sdP));
+        W8(U_SCALE_DQ, g);
+        W8(U_SCALE_DK, g);
+        W8(U_SCALE_DV, g);
+    }
+#undef W8
+}
+
+/* the call's amaxes into ds's accumulators (max, NaN wins), as the host path reports them: forward S and O;
+ * backward dP (over the softmax scale, see the header) and the max of dQ, dK, dV (dO's came from its quantise) */
+__global__ void f8_sc_to_ds_kernel(double *acc, const char *dsc, double a, int backward) {
+    if (threadIdx.x != 0) return;
+#define R8(u) ((double)*(const float *)(dsc + ((u) - U_SC0) * SC_SLOT))
+    if (!backward) {
+        acc[AL_FP8_SLOT_S] = al_fp8_ds_max(acc[AL_FP8_SLOT_S], R8(U_AMAX_S));
+        acc[AL_FP8_SLOT_O] = al_fp8_ds_max(acc[AL_FP8_SLOT_O], R8(U_AMAX_O));
+    } else {
+        acc[AL_FP8_SLOT_DP] = al_fp8_ds_max(acc[AL_FP8_SLOT_DP], R8(U_AMAX_DP) / a);
+        const double g = al_fp8_ds_max(al_fp8_ds_max(al_fp8_ds_max(0.0, R8(U_AMAX_DQ)), R8(U_AMAX_DK)), R8(U_AMAX_DV));
+        acc[AL_FP8_SLOT_DQKV] = al_fp8_ds_max(acc[AL_FP8_SLOT_DQKV], g);
+    }
+#undef R8
+}
+
+/* ds's scale and accumulator arrays and the caller's used tensor into r (al_attn_fp8.ds set) */
+static al_status ds_bind(f8_run *r, const al_attn_fp8 *f, int32_t dev, const char *fn) {
+    const al_fp8_ds *ds = f->ds;
+    const al_tensor *u = f->ds_used;
+    if (!ds->state.storage || ds->state.device_type != AL_DEVICE_CUDA || ds->state.device_index != dev)
+        return al_error(AL_ERR_ARG, "%s: fp8.ds must be initialised on cuda:%d (the inputs' device)", fn, dev);
+    if (!u || !u->storage || u->dtype != AL_DTYPE_F64 || al_tensor_numel(u) != 6 || !al_tensor_is_contiguous(u) ||
+        u->device_type != AL_DEVICE_CUDA || u->device_index != dev)
+        return al_error(AL_ERR_ARG, "%s: fp8.ds_used must be a contiguous f64 [6] tensor on cuda:%d when fp8.ds is set", fn, dev);
+    double *st = (double *)al_tensor_data_ptr(&ds->state);
+    r->ds_scale = st + AL_FP8_DS_SCALE(ds->history_len);
+    r->ds_acc = st + AL_FP8_DS_ACC(ds->history_len);
+    r->ds_used = (double *)al_tensor_data_ptr(u);
+    return AL_OK;
+}
+
 static al_status sc_readback(const f8_run *r, char *dhost, const double *amax_do) {
     f8_sc_readback_kernel<<<1, 32, 0, r->stream>>>(dhost, (const char *)r->dsc, amax_do);
     return AL_CUDA_ST(cudaGetLastError());
@@ -439,9 +513,13 @@ static al_status sc_readback(const f8_run *r, char *dhost, const double *amax_do
  * back, which synchronises the stream */
 static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn, double *t_exec,
                           int deferred = 0) {
-    f8_sc_vals a;
-    for (int i = 0; i < NSC; i++) a.v[i] = r->sc[i];
-    f8_sc_upload_kernel<<<1, 32, 0, r->stream>>>((char *)r->dsc, a);
+    if (r->ds_scale) {
+        f8_sc_from_ds_kernel<<<1, 32, 0, r->stream>>>((char *)r->dsc, r->ds_scale, r->ds_used, r->softmax_scale, r->backward);
+    } else {
+        f8_sc_vals a;
+        for (int i = 0; i < NSC; i++) a.v[i] = r->sc[i];
+        f8_sc_upload_kernel<<<1, 32, 0, r->stream>>>((char *)r->dsc, a);
+    }
     AL_CUDA_TRY(cudaGetLastError());
     void *ptrs[AL_DNN_MAX_UIDS];
     for (int i = 0; i < e->nuids; i++) {
@@ -451,6 +529,10 @@ static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, co
     }
     AL_TRY(al_dnn_execute(handle, e->plan, e->nuids, e->uids, ptrs, r->ws));
     if (t_exec) *t_exec = al_hprof_now();   /* the read-back below waits for the graph */
+    if (r->ds_scale) {   /* the amaxes stay on the device, in ds's accumulators */
+        f8_sc_to_ds_kernel<<<1, 32, 0, r->stream>>>(r->ds_acc, (const char *)r->dsc, r->softmax_scale, r->backward);
+        return AL_CUDA_ST(cudaGetLastError());
+    }
     if (deferred) return AL_OK;
     char host[NSC * SC_SLOT];
     AL_TRY(al_cu_memcpy_d2h(r->dev, host, r->dsc, NSC * SC_SLOT));
@@ -700,9 +782,18 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     f8_run r;
     memset(&r, 0, sizeof r);
     const double sS = f->scale[AL_FP8_SLOT_S], qmax = al_fp8_fmax(q->dtype);
-    double so = f->scale[AL_FP8_SLOT_O];
+    double so = f->ds ? 1.0 : f->scale[AL_FP8_SLOT_O];   /* (ds: every scale given, read on the device) */
     f8_entry *e = NULL;
     f8_pend *pend = NULL;
+    if (f->ds) {
+        s = ds_bind(&r, f, dev, fn);
+        r.softmax_scale = p->softmax_scale;
+        if (s != AL_OK) {
+            al_tensor_release(&o8);
+            al_tensor_release(lse);
+            return s;
+        }
+    }
     pthread_mutex_lock(&g_lock);
     cudnnHandle_t handle;
     cudaStream_t stream;
@@ -725,7 +816,7 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         /* current scaling of O: a first run measures amax_O (its O is discarded) */
         SC(U_SCALE_O) = so > 0.0 ? (float)so : 1.0f;
         /* every scale given and the caller can wait: the amaxes follow the graph to pinned memory */
-        const int defer = f->amax_deferred && so > 0.0;
+        const int defer = f->amax_deferred && so > 0.0 && !f->ds;
         if (defer) s = pend_acquire(&pend, dev, 0);
         if (s == AL_OK) s = run_once(&r, handle, e, fn, prof ? &pt[F8P_EXEC + 1] : NULL, pend != NULL);
         if (s == AL_OK && pend) {
@@ -752,6 +843,9 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     if (s == AL_OK && f->out_dtype == q->dtype) {
         *out = o8;
         memset(&o8, 0, sizeof o8);
+    } else if (s == AL_OK && f->ds) {   /* O's scale is on the device (the used record) */
+        s = al_tensor_empty(out, o8.ndim, o8.size, f->out_dtype, AL_DEVICE_CUDA, dev);
+        if (s == AL_OK) s = al_cu_fp8_dequantize_ex(out, &o8, 1.0, r.ds_used + AL_FP8_SLOT_O);
     } else if (s == AL_OK) {
         s = al_fp8_dequantize(out, &o8, 1.0 / (double)(float)so, f->out_dtype);
     }
@@ -760,7 +854,10 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
         pt[F8P_DEQUANT + 1] = al_hprof_now();
         al_hprof_add(&g_f8_fwd_prof, pt);
     }
-    if (s == AL_OK) {
+    if (s == AL_OK && f->ds) {   /* the amaxes went to ds's accumulators, the scales to ds_used */
+        f->amax[AL_FP8_SLOT_S] = f->amax[AL_FP8_SLOT_O] = NAN;
+        f->scale_used[AL_FP8_SLOT_S] = f->scale_used[AL_FP8_SLOT_O] = NAN;
+    } else if (s == AL_OK) {
         if (pend) {   /* known at al_attn_fp8_settle */
             f->amax[AL_FP8_SLOT_S] = f->amax[AL_FP8_SLOT_O] = NAN;
             pend->base.owner = f;
@@ -781,9 +878,20 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
 
 /* ---- backward --------------------------------------------------------------------------------- */
 /* dst (caller's float tensor, any strides) = decode(src) * inv */
-static al_status store_grad(al_tensor *dst, const al_tensor *src, double inv) {
+static al_status store_grad(al_tensor *dst, const al_tensor *src, double inv, const double *dscale) {
     al_tensor tmp;
     memset(&tmp, 0, sizeof tmp);
+    /* a contiguous gradient (separate q, k, v) takes the values directly: no temporary and no copy pass (at
+     * 4x16x4096x128 bf16 that copy moved 400 MB per backward); strided ones (packed buffers) go through one */
+    if (al_tensor_numel(dst) == 0) return AL_OK;
+    if (al_tensor_is_contiguous(dst) && dst->device_type == AL_DEVICE_CUDA) return al_cu_fp8_dequantize_ex(dst, src, inv, dscale);
+    if (dscale) {   /* (delayed scaling on the device: dst = decode(src) / (double)(float)*dscale) */
+        AL_TRY(al_tensor_empty(&tmp, src->ndim, src->size, dst->dtype, AL_DEVICE_CUDA, src->device_index));
+        al_status s = al_cu_fp8_dequantize_ex(&tmp, src, 1.0, dscale);
+        if (s == AL_OK) s = al_cu_copy(dst, &tmp);
+        al_tensor_release(&tmp);
+        return s;
+    }
     AL_TRY(al_fp8_dequantize(&tmp, src, inv, dst->dtype));
     al_status s = al_cu_copy(dst, &tmp);
     al_tensor_release(&tmp);
@@ -809,8 +917,17 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
             return al_error(AL_ERR_ARG, "%s: %s must be on cuda:%d", fn, chk_name[i], dev);
     if (lse->dtype != AL_DTYPE_F32 || !al_tensor_is_contiguous(lse))
         return al_error(AL_ERR_ARG, "%s: lse must be the forward's contiguous f32 [b,h,sq]", fn);
-    const double sS = f->scale[AL_FP8_SLOT_S], sdP = f->scale[AL_FP8_SLOT_DP];
-    double sdo = f->scale[AL_FP8_SLOT_DO], sg = f->scale[AL_FP8_SLOT_DQKV];
+    /* (ds, delayed scaling on the device: every scale given and read there; 1 stands in for them here) */
+    const int ds = f->ds != NULL;
+    const double sS = ds ? 1.0 : f->scale[AL_FP8_SLOT_S], sdP = ds ? 1.0 : f->scale[AL_FP8_SLOT_DP];
+    double sdo = ds ? 1.0 : f->scale[AL_FP8_SLOT_DO], sg = ds ? 1.0 : f->scale[AL_FP8_SLOT_DQKV];
+    f8_run r;
+    memset(&r, 0, sizeof r);
+    if (ds) {
+        AL_TRY(ds_bind(&r, f, dev, fn));
+        r.backward = 1;
+        r.softmax_scale = p->softmax_scale;
+    }
     if (!(sdP > 0.0))
         return al_error(AL_ERR_UNSUPPORTED, "%s: fp8.scale[dP] must be a given scale > 0 (cuDNN quantises dP inside the kernel), got %g", fn, sdP);
     if (sdo < 0.0 || sg < 0.0)
@@ -819,7 +936,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     const int32_t bfmt = f->bwd_format;
     const double bmax = al_fp8_fmax(bfmt), p2 = exp2(f->margin);
     /* the O the forward wrote, back to its FP8 codes */
-    double so = f->scale_used[AL_FP8_SLOT_O] > 0.0 ? f->scale_used[AL_FP8_SLOT_O] : f->scale[AL_FP8_SLOT_O];
+    double so = ds ? 1.0 : f->scale_used[AL_FP8_SLOT_O] > 0.0 ? f->scale_used[AL_FP8_SLOT_O] : f->scale[AL_FP8_SLOT_O];
     double am_do = 0.0, am;
     al_status s = AL_OK;
     if (!(so > 0.0)) {
@@ -828,7 +945,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     }
     /* every scale given and the caller can wait: amax(dO) stays on the GPU and every amax follows the graph
      * to pinned memory (the deferred-amax record above); else amax(dO) now (a current dO scale needs it) */
-    const int defer = f->amax_deferred && so > 0.0 && sdo > 0.0 && sg > 0.0;
+    const int defer = f->amax_deferred && so > 0.0 && sdo > 0.0 && sg > 0.0 && !ds;
     al_tensor o8, do8, g8[3], amdo;   /* amdo: amax(dO), f64 [1] on the device (deferred) */
     memset(&o8, 0, sizeof o8);
     memset(&do8, 0, sizeof do8);
@@ -836,7 +953,11 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     memset(&amdo, 0, sizeof amdo);
     const double *d_amdo = NULL;
     f8_pend *pend = NULL;
-    if (s == AL_OK && defer) {   /* dO quantised with its given scale and measured in one pass */
+    if (s == AL_OK && ds) {   /* dO quantised with ds's scale, its amax into ds's accumulator, in one pass */
+        s = al_tensor_empty(&do8, dout->ndim, dout->size, bfmt, AL_DEVICE_CUDA, dev);
+        if (s == AL_OK)
+            s = al_cu_fp8_quantize_amax_into(&do8, dout, 1.0, r.ds_scale + AL_FP8_SLOT_DO, r.ds_acc + AL_FP8_SLOT_DO, 1);
+    } else if (s == AL_OK && defer) {   /* dO quantised with its given scale and measured in one pass */
         s = al_fp8_quantize_amax(&do8, &amdo, dout, bfmt, sdo);
         if (s == AL_OK) d_amdo = (const double *)al_tensor_data_ptr(&amdo);
     } else if (s == AL_OK) {
@@ -851,12 +972,16 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
 
     al_tensor *gd[3] = {dq, dk, dv};
     /* fp8_output: out already holds O's codes (the graph reads them as they are) */
-    if (out->dtype == q->dtype) s = al_tensor_alias(&o8, out);
-    else s = al_fp8_quantize(&o8, out, q->dtype, so);
-    if (s == AL_OK && !defer) s = al_fp8_quantize(&do8, dout, bfmt, sdo);
+    if (out->dtype == q->dtype) {
+        s = al_tensor_alias(&o8, out);
+    } else if (ds) {   /* with the scale the forward used (its used record) */
+        s = al_tensor_empty(&o8, out->ndim, out->size, q->dtype, AL_DEVICE_CUDA, dev);
+        if (s == AL_OK) s = al_cu_fp8_quantize_ex(&o8, out, 1.0, r.ds_used + AL_FP8_SLOT_O);
+    } else {
+        s = al_fp8_quantize(&o8, out, q->dtype, so);
+    }
+    if (s == AL_OK && !defer && !ds) s = al_fp8_quantize(&do8, dout, bfmt, sdo);
     for (int i = 0; i < 3 && s == AL_OK; i++) s = al_tensor_empty(&g8[i], gd[i]->ndim, gd[i]->size, bfmt, AL_DEVICE_CUDA, dev);
-    f8_run r;
-    memset(&r, 0, sizeof r);
     f8_entry *e = NULL;
     double a = p->softmax_scale;
     if (s == AL_OK) {
@@ -909,12 +1034,16 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
         pthread_mutex_unlock(&g_lock);
         run_free(&r);
     }
-    for (int i = 0; i < 3 && s == AL_OK; i++) s = store_grad(gd[i], &g8[i], 1.0 / (double)(float)sg);
+    for (int i = 0; i < 3 && s == AL_OK; i++)
+        s = store_grad(gd[i], &g8[i], 1.0 / (double)(float)sg, ds ? r.ds_used + AL_FP8_SLOT_DQKV : NULL);
     al_tensor_release(&o8);
     al_tensor_release(&do8);
     for (int i = 0; i < 3; i++) al_tensor_release(&g8[i]);
     al_tensor_release(&amdo);   /* (stream-ordered: its read-back is queued before any reuse) */
-    if (s == AL_OK) {
+    if (s == AL_OK && ds) {   /* the amaxes went to ds's accumulators, the scales to ds_used */
+        f->amax[AL_FP8_SLOT_DO] = f->amax[AL_FP8_SLOT_DP] = f->amax[AL_FP8_SLOT_DQKV] = NAN;
+        f->scale_used[AL_FP8_SLOT_DO] = f->scale_used[AL_FP8_SLOT_DP] = f->scale_used[AL_FP8_SLOT_DQKV] = NAN;
+    } else if (s == AL_OK) {
         if (pend) {   /* known at al_attn_fp8_settle */
             f->amax[AL_FP8_SLOT_DO] = f->amax[AL_FP8_SLOT_DP] = f->amax[AL_FP8_SLOT_DQKV] = NAN;
             pend->base.owner = f;

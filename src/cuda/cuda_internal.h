@@ -37,6 +37,16 @@ AL_CU_HIDDEN al_status al_cu_check_dev(const char *op, int32_t dev);
 AL_CU_HIDDEN al_status al_cu_begin(const char *op, int32_t dev, cudaStream_t *stream);
 /* amax(x) (max |x|, NaN-propagating, not canonicalised) into *dst in device memory; queued, no sync (fp8.cu) */
 AL_CU_HIDDEN al_status al_cu_amax_into(const al_tensor *x, double *dst);
+/* the same, max'ed into *dst (NaN wins) when accumulate is set (fp8.cu) */
+AL_CU_HIDDEN al_status al_cu_amax_into_ex(const al_tensor *x, double *dst, int accumulate);
+/* out (allocated, the FP8 format as dtype) = fp8(x * scale), or fp8(x * *dscale) with dscale (device memory) */
+AL_CU_HIDDEN al_status al_cu_fp8_quantize_ex(al_tensor *out, const al_tensor *x, double scale, const double *dscale);
+/* out (allocated, the FP8 format as dtype) = fp8(x * scale), scale = *dscale when dscale (device memory) is
+ * given; *res (device) = amax(x), or max(*res, amax(x)) with accumulate; one pass when x is dense (fp8.cu) */
+AL_CU_HIDDEN al_status al_cu_fp8_quantize_amax_into(al_tensor *out, const al_tensor *x, double scale, const double *dscale,
+                                                    double *res, int accumulate);
+/* out (allocated) = decode(q) * scale_inv, or decode(q) / (double)(float)*dscale with dscale (device memory) */
+AL_CU_HIDDEN al_status al_cu_fp8_dequantize_ex(al_tensor *out, const al_tensor *q, double scale_inv, const double *dscale);
 AL_CU_HIDDEN al_status al_cu_malloc(int32_t dev, int64_t nbytes, void **ptr);
 /* al_cu_free returns a block to the pool of the calling thread's current stream (temporaries made
  * and dropped inside one call); al_cu_free_on to the pool of the stream it was allocated on. */
@@ -93,6 +103,7 @@ AL_CU_HIDDEN al_status al_cu_event_elapsed(void *start, void *end, float *ms);
 
 /* fp8.cu: fills the FP8 entries of the api table (amax, quantise, dequantise, per-row, MXFP8) */
 AL_CU_HIDDEN void al_cu_fp8_fill_api(al_cuda_api *api);
+AL_CU_HIDDEN void al_cu_fp8_ds_fill_api(al_cuda_api *api);   /* fp8_delayed.cu */
 
 /* launch_log.cu: the api's debug_fault test hook (launches a kernel that faults) */
 AL_CU_HIDDEN al_status al_cu_debug_fault(int32_t dev);

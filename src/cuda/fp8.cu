@@ -52,12 +52,16 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_amax_kernel(al_td x, int64_t
     if (threadIdx.x == 0) partial[blockIdx.x] = (double)m;
 }
 
-__global__ void __launch_bounds__(AL_CU_THREADS) al_amax_final_kernel(const double *partial, int64_t n, double *res) {
+/* *res = the max of the partials, or with accumulate max(*res, that) (delayed scaling on the device adds
+ * q, k and v's amaxes into one accumulator: the kernels are stream-ordered, so no atomics) */
+#define AL_AMAX_FINAL_THREADS 1024   /* (4224 partials at 4x16x4096x128: 256 threads took 9 us, load latency bound) */
+__global__ void __launch_bounds__(AL_AMAX_FINAL_THREADS) al_amax_final_kernel(const double *partial, int64_t n, double *res,
+                                                                            int accumulate) {
     __shared__ double sh[32];
     double m = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = al_amax_comb<double>(m, partial[i]);
     m = al_block_amax<double>(m, sh);
-    if (threadIdx.x == 0) *res = m;
+    if (threadIdx.x == 0) *res = accumulate ? al_amax_comb<double>(*res, m) : m;
 }
 
 /* ---- contiguous fast paths --------------------------------------------------------------------------
@@ -160,9 +164,12 @@ template <int FMT, int DT> static __device__ __forceinline__ uint4 al_fp8_encode
     return o;
 }
 
+/* (every quantise kernel: dscale, when not NULL, is a device pointer to the scale, which replaces the
+ * scale argument: delayed scaling on the device, whose scale the host does not know) */
 template <int FMT, int DT>
 __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_vec_kernel(uint8_t *out, const char *x, int64_t n,
-                                                                        double scale) {
+                                                                        double scale, const double *dscale) {
+    if (dscale) scale = *dscale;
     const int64_t nv = (n + AL_FP8_VEC - 1) / AL_FP8_VEC, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
         if ((v + 1) * AL_FP8_VEC <= n) {
@@ -176,11 +183,16 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_vec_kernel(uint8_t
 }
 
 /* al_fp8_quant_vec_kernel and al_amax_vec_kernel in one pass: x is read once (delayed scaling quantises with
- * the scale chosen before and only records this amax); one amax partial per block, as al_amax_vec_kernel */
+ * the scale chosen before and only records this amax); one amax partial per block, as al_amax_vec_kernel, or
+ * with acc every block max'es its amax straight into *acc (delayed scaling on the device: no partials and no
+ * final kernel; an amax is >= 0 or NaN, and such doubles order as their unsigned 64-bit patterns, any NaN
+ * above +inf, so an integer atomicMax is the NaN-propagating max) */
 template <int FMT, int DT>
 __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_amax_vec_kernel(uint8_t *out, const char *x, int64_t n,
-                                                                             double scale, double *partial) {
+                                                                             double scale, const double *dscale,
+                                                                             double *partial, double *acc) {
     __shared__ float sh[32];
+    if (dscale) scale = *dscale;
     float m = 0.0f;
     const int64_t nv = (n + AL_FP8_VEC - 1) / AL_FP8_VEC, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
@@ -195,14 +207,20 @@ __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_amax_vec_kernel(ui
         }
     }
     m = al_block_amax<float>(m, sh);
-    if (threadIdx.x == 0) partial[blockIdx.x] = (double)m;
+    if (threadIdx.x == 0) {
+        if (acc) atomicMax((unsigned long long *)acc, (unsigned long long)__double_as_longlong((double)m));
+        else partial[blockIdx.x] = (double)m;
+    }
 }
 
 /* FP8 codes decode through a 256-entry table in shared memory (filled with al_fp8_decode: exact) */
+/* (every dequantise kernel: dscale, when not NULL, is a device pointer to the scale the codes were made with,
+ * and scale_inv becomes 1 / (double)(float)scale, as the host computes the inverse of a used scale) */
 template <int FMT, int DT>
 __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_dequant_vec_kernel(char *out, const uint8_t *q, int64_t n,
-                                                                          double scale_inv) {
+                                                                          double scale_inv, const double *dscale) {
     __shared__ float lut[256];
+    if (dscale) scale_inv = 1.0 / (double)(float)*dscale;
     for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = (float)al_fp8_decode(FMT, (uint8_t)i);
     __syncthreads();
     const int64_t nv = (n + AL_FP8_VEC - 1) / AL_FP8_VEC, stride = (int64_t)gridDim.x * blockDim.x;
@@ -246,8 +264,8 @@ static int al_half_or_f32(int32_t d) { return d == AL_DTYPE_F32 || d == AL_DTYPE
 
 static unsigned al_vec_grid(int32_t dev, int64_t n) { return al_cu_grid(dev, (n + AL_FP8_VEC - 1) / AL_FP8_VEC); }
 
-/* amax(x) into *dst (device memory), queued on the current stream */
-al_status al_cu_amax_into(const al_tensor *x, double *dst) {
+/* amax(x) into *dst (device memory; with accumulate, max(*dst, amax(x))), queued on the current stream */
+al_status al_cu_amax_into_ex(const al_tensor *x, double *dst, int accumulate) {
     cudaStream_t s;
     const int32_t dev = x->device_index;
     AL_TRY(al_cu_begin("amax", dev, &s));
@@ -267,12 +285,14 @@ al_status al_cu_amax_into(const al_tensor *x, double *dst) {
     else al_amax_kernel<float><<<grid, AL_CU_THREADS, 0, s>>>(t, n, buf);
     st = AL_CUDA_ST(cudaGetLastError());
     if (st == AL_OK) {
-        al_amax_final_kernel<<<1, AL_CU_THREADS, 0, s>>>(buf, (int64_t)grid, dst);
+        al_amax_final_kernel<<<1, AL_AMAX_FINAL_THREADS, 0, s>>>(buf, (int64_t)grid, dst, accumulate);
         st = AL_CUDA_ST(cudaGetLastError());
     }
     al_cu_free(dev, buf, nbytes);   /* (stream-ordered: reused only by later work on this stream) */
     return st;
 }
+
+al_status al_cu_amax_into(const al_tensor *x, double *dst) { return al_cu_amax_into_ex(x, dst, 0); }
 
 static al_status cu_amax(const al_tensor *x, double *amax) {
     double *d = NULL;
@@ -293,21 +313,23 @@ static al_status cu_amax_to(al_tensor *out, const al_tensor *x) {
 
 /* ---- per-tensor quantise / dequantise ------------------------------------------------------------- */
 __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_quant_kernel(uint8_t *out, al_td x, int64_t n, int32_t fmt,
-                                                                    double scale) {
+                                                                    double scale, const double *dscale) {
+    if (dscale) scale = *dscale;
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = al_fp8_encode(fmt, al_ld_f64(x.data, x.dtype, al_td_off1(i, x)) * scale);
 }
 
 __global__ void __launch_bounds__(AL_CU_THREADS) al_fp8_dequant_kernel(char *out, int32_t dt, al_td q, int64_t n,
-                                                                      double scale_inv) {
+                                                                      double scale_inv, const double *dscale) {
+    if (dscale) scale_inv = 1.0 / (double)(float)*dscale;
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const uint8_t *b = (const uint8_t *)q.data;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         al_st_f64(out, dt, i, al_fp8_decode(q.dtype, b[al_td_off1(i, q)]) * scale_inv);
 }
 
-static al_status cu_quantize(al_tensor *out, const al_tensor *x, double scale) {
+al_status al_cu_fp8_quantize_ex(al_tensor *out, const al_tensor *x, double scale, const double *dscale) {
     cudaStream_t s;
     const int32_t dev = x->device_index;
     AL_TRY(al_cu_begin("fp8_quantize", dev, &s));
@@ -317,57 +339,80 @@ static al_status cu_quantize(al_tensor *out, const al_tensor *x, double scale) {
     const char *dense = al_half_or_f32(x->dtype) ? al_td_dense16(t, al_dtype_size(x->dtype)) : NULL;
     uint8_t *o = (uint8_t *)al_tensor_data_ptr(out);
     if (dense && al_fp8_dtype(out->dtype) && al_aligned16(o)) {
-#define AL_QUANT_VEC(F, D) al_fp8_quant_vec_kernel<F, D><<<al_vec_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, dense, n, scale)
+#define AL_QUANT_VEC(F, D) al_fp8_quant_vec_kernel<F, D><<<al_vec_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, dense, n, scale, dscale)
         AL_FP8_DISPATCH(out->dtype, x->dtype, AL_QUANT_VEC);
 #undef AL_QUANT_VEC
         AL_CUDA_LAUNCHED_K("al_fp8_quant_vec_kernel");
         return AL_OK;
     }
-    al_fp8_quant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, t, n, out->dtype, scale);
+    al_fp8_quant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, t, n, out->dtype, scale, dscale);
     AL_CUDA_LAUNCHED_K("al_fp8_quant_kernel");
     return AL_OK;
 }
 
-/* out (allocated by the core) = fp8(x * scale); amax (new f64 [1] on x's device) = amax(x): one pass for a
- * contiguous x of a half or f32 dtype, else the two kernels one after the other; queued, no sync */
-static al_status cu_quantize_amax(al_tensor *out, al_tensor *amax, const al_tensor *x, double scale) {
+static al_status cu_quantize(al_tensor *out, const al_tensor *x, double scale) { return al_cu_fp8_quantize_ex(out, x, scale, NULL); }
+
+/* out (allocated) = fp8(x * scale), scale = *dscale when dscale is given (device memory); *res (device memory)
+ * = amax(x), or with accumulate max(*res, amax(x)): one pass for a contiguous x of a half or f32 dtype, else
+ * the two kernels one after the other; queued, no sync */
+al_status al_cu_fp8_quantize_amax_into(al_tensor *out, const al_tensor *x, double scale, const double *dscale, double *res,
+                                       int accumulate) {
     cudaStream_t s;
     const int32_t dev = x->device_index;
     AL_TRY(al_cu_begin("fp8_quantize_amax", dev, &s));
-    int64_t one = 1;
-    AL_TRY(al_tensor_empty(amax, 1, &one, AL_DTYPE_F64, AL_DEVICE_CUDA, dev));
-    double *res = (double *)al_tensor_data_ptr(amax);
     al_td t = al_td_from(x);
     int64_t n = al_td_numel(&t);
     al_td_coalesce(1, &t);
     const char *dense = al_half_or_f32(x->dtype) ? al_td_dense16(t, al_dtype_size(x->dtype)) : NULL;
     uint8_t *o = (uint8_t *)al_tensor_data_ptr(out);
     al_status st;
-    if (dense && al_fp8_dtype(out->dtype) && al_aligned16(o)) {
+    if (dense && al_fp8_dtype(out->dtype) && al_aligned16(o) && accumulate) {
+        /* (the blocks max into *res themselves: one kernel) */
+#define AL_QUANT_ACC_VEC(F, D) al_fp8_quant_amax_vec_kernel<F, D><<<al_vec_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, dense, n, scale, dscale, NULL, res)
+        AL_FP8_DISPATCH(out->dtype, x->dtype, AL_QUANT_ACC_VEC);
+#undef AL_QUANT_ACC_VEC
+        st = AL_CUDA_ST(cudaGetLastError());
+    } else if (dense && al_fp8_dtype(out->dtype) && al_aligned16(o)) {
         const unsigned grid = al_vec_grid(dev, n);
         const int64_t nbytes = (int64_t)sizeof(double) * (int64_t)grid;
         double *partial = NULL;
         st = al_cu_malloc(dev, nbytes, (void **)&partial);
         if (st == AL_OK) {
-#define AL_QUANT_AMAX_VEC(F, D) al_fp8_quant_amax_vec_kernel<F, D><<<grid, AL_CU_THREADS, 0, s>>>(o, dense, n, scale, partial)
+#define AL_QUANT_AMAX_VEC(F, D) al_fp8_quant_amax_vec_kernel<F, D><<<grid, AL_CU_THREADS, 0, s>>>(o, dense, n, scale, dscale, partial, NULL)
             AL_FP8_DISPATCH(out->dtype, x->dtype, AL_QUANT_AMAX_VEC);
 #undef AL_QUANT_AMAX_VEC
             st = AL_CUDA_ST(cudaGetLastError());
             if (st == AL_OK) {
-                al_amax_final_kernel<<<1, AL_CU_THREADS, 0, s>>>(partial, (int64_t)grid, res);
+                al_amax_final_kernel<<<1, AL_AMAX_FINAL_THREADS, 0, s>>>(partial, (int64_t)grid, res, accumulate);
                 st = AL_CUDA_ST(cudaGetLastError());
             }
             al_cu_free(dev, partial, nbytes);   /* (stream-ordered: reused only by later work on this stream) */
         }
     } else {
-        st = cu_quantize(out, x, scale);
-        if (st == AL_OK) st = al_cu_amax_into(x, res);
+        st = al_cu_fp8_quantize_ex(out, x, scale, dscale);
+        if (st == AL_OK) st = al_cu_amax_into_ex(x, res, accumulate);
     }
+    return st;
+}
+
+/* out (allocated by the core) = fp8(x * scale); amax (new f64 [1] on x's device) = amax(x) */
+static al_status cu_quantize_amax(al_tensor *out, al_tensor *amax, const al_tensor *x, double scale) {
+    int64_t one = 1;
+    AL_TRY(al_tensor_empty(amax, 1, &one, AL_DTYPE_F64, AL_DEVICE_CUDA, x->device_index));
+    al_status st = al_cu_fp8_quantize_amax_into(out, x, scale, NULL, (double *)al_tensor_data_ptr(amax), 0);
     if (st != AL_OK) al_tensor_release(amax);
     return st;
 }
 
-static al_status cu_dequantize(al_tensor *out, const al_tensor *q, double scale_inv) {
+/* out (allocated by the core) = fp8(x * *scale) and *acc = max(*acc, amax(x)) (acc may be NULL: no amax):
+ * delayed scaling on the device (src/fp8_delayed.c) */
+static al_status cu_quantize_dev(al_tensor *out, const al_tensor *x, const double *scale, double *acc) {
+    if (!acc) return al_cu_fp8_quantize_ex(out, x, 1.0, scale);
+    return al_cu_fp8_quantize_amax_into(out, x, 1.0, scale, acc, 1);
+}
+
+/* out (allocated) = decode(q) * scale_inv, or with dscale (device memory) decode(q) / (double)(float)*dscale */
+al_status al_cu_fp8_dequantize_ex(al_tensor *out, const al_tensor *q, double scale_inv, const double *dscale) {
     cudaStream_t s;
     const int32_t dev = q->device_index;
     AL_TRY(al_cu_begin("fp8_dequantize", dev, &s));
@@ -377,15 +422,19 @@ static al_status cu_dequantize(al_tensor *out, const al_tensor *q, double scale_
     const uint8_t *dense = al_fp8_dtype(q->dtype) ? (const uint8_t *)al_td_dense16(t, 1) : NULL;
     char *o = (char *)al_tensor_data_ptr(out);
     if (dense && al_half_or_f32(out->dtype) && al_aligned16(o)) {
-#define AL_DEQUANT_VEC(F, D) al_fp8_dequant_vec_kernel<F, D><<<al_vec_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, dense, n, scale_inv)
+#define AL_DEQUANT_VEC(F, D) al_fp8_dequant_vec_kernel<F, D><<<al_vec_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, dense, n, scale_inv, dscale)
         AL_FP8_DISPATCH(q->dtype, out->dtype, AL_DEQUANT_VEC);
 #undef AL_DEQUANT_VEC
         AL_CUDA_LAUNCHED_K("al_fp8_dequant_vec_kernel");
         return AL_OK;
     }
-    al_fp8_dequant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, out->dtype, t, n, scale_inv);
+    al_fp8_dequant_kernel<<<al_cu_grid(dev, n), AL_CU_THREADS, 0, s>>>(o, out->dtype, t, n, scale_inv, dscale);
     AL_CUDA_LAUNCHED_K("al_fp8_dequant_kernel");
     return AL_OK;
+}
+
+static al_status cu_dequantize(al_tensor *out, const al_tensor *q, double scale_inv) {
+    return al_cu_fp8_dequantize_ex(out, q, scale_inv, NULL);
 }
 
 /* ---- per-row current scaling --------------------------------------------------------------------- */
@@ -499,6 +548,7 @@ void al_cu_fp8_fill_api(al_cuda_api *api) {
     api->amax_to = cu_amax_to;
     api->fp8_quantize = cu_quantize;
     api->fp8_quantize_amax = cu_quantize_amax;
+    api->fp8_quantize_dev = cu_quantize_dev;
     api->fp8_dequantize = cu_dequantize;
     api->fp8_quantize_rows = cu_quantize_rows;
     api->mxfp8_quantize = cu_mx_quantize;

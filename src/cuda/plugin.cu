@@ -108,6 +108,7 @@ extern "C" __attribute__((visibility("default"))) al_status al_cuda_plugin_init(
     api->stream_wait_event = al_cu_stream_wait_event;
     api->event_record_on = al_cu_event_record_on;
     al_cu_fp8_fill_api(api);
+    al_cu_fp8_ds_fill_api(api);
     api->debug_fault = al_cu_debug_fault;
     api->backend_info = plugin_backend_info;
     /* attention backends: a registration failure leaves that backend out (explain says so), it does
