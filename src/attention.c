@@ -763,8 +763,8 @@ static al_status choose(const al_attn_plan *pl, const al_attn_backend **out, cha
             if (pl->in.fp8 && !be->fp8) {
                 /* FP8 plans go only to backends that judge them (the cpu backend emulates FP8 exactly) */
                 if (i == SLOT_FUSED) snprintf(reason, sizeof reason, "FP8 SDPA through cuDNN is not implemented yet");
-                else snprintf(reason, sizeof reason, "no FP8 path in the %s backend (the cpu backend emulates FP8 attention "
-                              "exactly: move the tensors to the CPU)", slot_names[i]);
+                else snprintf(reason, sizeof reason, "no FP8 path in the %s backend (the unfused backend emulates FP8 attention "
+                              "exactly on the GPU, the cpu backend on the CPU)", slot_names[i]);
                 ok = 0;
             } else {
                 ok = be->supports(pl, reason, sizeof reason) ? 1 : 0;
@@ -836,7 +836,7 @@ AL_EXPORT const char *al_attn_explain(const al_attn_params *p, const al_attn_inp
             }
             snprintf(buf + used, (size_t)n - used,
                      "fp8: emulated (quantise -> dequantise at every slot, %s compute), q/k/v %s, forward %s, backward %s, "
-                     "out %s; scales QKV=%s S=%s O=%s dO=%s dP=%s dQKV=%s; the cpu backend emulates, the fused backend runs cuDNN's FP8 SDPA\n",
+                     "out %s; scales QKV=%s S=%s O=%s dO=%s dP=%s dQKV=%s; the cpu and unfused backends emulate, the fused backend runs cuDNN's FP8 SDPA\n",
                      pl.p.compute_dtype == AL_DTYPE_F64 ? "f64" : "f32", al_dtype_name(pl.in.q->dtype),
                      al_dtype_name(f->fwd_format), al_dtype_name(f->bwd_format), al_dtype_name(f->out_dtype), sc[0], sc[1],
                      sc[2], sc[3], sc[4], sc[5]);
@@ -909,6 +909,7 @@ AL_EXPORT al_status al_attn_backward(const al_attn_params *p, const al_attn_inpu
     if (in) fp8_take_pending(in->fp8, 1);
     al_attn_plan pl;
     AL_TRY(plan_build(&pl, p, in));
+    pl.backward = 1;
     al_status s = AL_OK;
     char b1[96];
     int nd = pl.p.qkv_format == AL_ATTN_FORMAT_THD ? 3 : 4;

@@ -36,6 +36,8 @@ typedef struct al_attn_plan {
     int32_t bottom_right;       /* resolved diagonal alignment */
     int32_t has_padding;        /* a padding-type mask */
     int32_t has_grad_bias;      /* pre/post-scale bias present */
+    int32_t backward;           /* 1: the plan of al_attn_backward (a backend whose backward serves less than its
+                                   forward declines it in supports(), so the next backend takes it) */
     /* per sequence, length b (host memory owned by the plan) */
     int64_t *q_start, *kv_start;   /* first row in the token dim (thd: padded offsets; dense: 0) */
     int64_t *q_len, *kv_len;       /* actual lengths */

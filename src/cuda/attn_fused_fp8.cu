@@ -633,10 +633,16 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
     if (!ok) return 0;
     /* accepted; notes for explain */
     int bwd_ok = cc == 9 ? p->d_qk == 128 : p->d_qk <= 128;
+    if (!bwd_ok && pl->backward) {   /* (the backward then goes to the unfused backend's emulation) */
+        snprintf(reason, n, "cuDNN's FP8 backward needs d_qk = d_v = %s on sm_%d.x, this call has d=%lld",
+                 cc == 9 ? "128" : "<= 128", cc, (long long)p->d_qk);
+        return 0;
+    }
     size_t used = 0;
     reason[0] = 0;
     if (!bwd_ok)
-        used += (size_t)snprintf(reason, n, "note: FP8 forward only: cuDNN's FP8 backward needs d_qk = d_v = %s on sm_%d.x, this call has d=%lld",
+        used += (size_t)snprintf(reason, n, "note: FP8 forward only (the backward goes to the unfused backend's emulation): cuDNN's "
+                                 "FP8 backward needs d_qk = d_v = %s on sm_%d.x, this call has d=%lld",
                                  cc == 9 ? "128" : "<= 128", cc, (long long)p->d_qk);
     if (f->scale[AL_FP8_SLOT_O] == 0.0 && used < n)
         snprintf(reason + used, n - used, "%sO is current-scaled: cuDNN writes FP8 O on Hopper, so the forward runs twice (amax, then scale)",
@@ -908,7 +914,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     int cc = al_dnn_cc_major(dev);
     if (cc == 9 ? p->d_qk != 128 : p->d_qk > 128)
         return al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN's FP8 backward needs d_qk = d_v = %s on sm_%d.x, got d=%lld (the FP8 "
-                        "forward ran; no other GPU backend has an FP8 backward: use bf16 or the cpu backend)", fn,
+                        "forward ran; the unfused backend emulates this backward on the GPU: backend = \"unfused\")", fn,
                         cc == 9 ? "128" : "<= 128", cc, (long long)p->d_qk);
     const al_tensor *chk[6] = {out, dout, dq, dk, dv, lse};
     const char *chk_name[6] = {"out", "dout", "dq", "dk", "dv", "lse"};

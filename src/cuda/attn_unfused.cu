@@ -29,6 +29,7 @@
  * would exceed ATTNLAB_UNFUSED_MAX_SCORE_BYTES (default 8 GiB), naming the size.
  */
 #include "cuda/attn_unfused.h"
+#include "numeric/fp8_scale.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +59,14 @@ static int32_t ua_supports(const al_attn_plan *pl, char *reason, size_t n) {
         snprintf(reason, n, "device cuda:%d does not exist", dev);
         return 0;
     }
-    if (q->dtype != AL_DTYPE_F32 && q->dtype != AL_DTYPE_F16 && q->dtype != AL_DTYPE_BF16) {
+    const int f8 = pl->in.fp8 != NULL;
+    const int q8 = q->dtype == AL_DTYPE_FP8_E4M3 || q->dtype == AL_DTYPE_FP8_E5M2;
+    if (f8 && p->softmax_type != AL_ATTN_SOFTMAX_VANILLA) {
+        snprintf(reason, n, "FP8 with softmax sinks (softmax_type %s) is emulated by the cpu backend only",
+                 p->softmax_type == AL_ATTN_SOFTMAX_OFF_BY_ONE ? "off-by-one" : "learnable");
+        return 0;
+    }
+    if (q->dtype != AL_DTYPE_F32 && q->dtype != AL_DTYPE_F16 && q->dtype != AL_DTYPE_BF16 && !(f8 && q8)) {
         snprintf(reason, n, "%s inputs: the unfused backend takes f32, f16 and bf16 (f64 runs on the cpu backend)",
                  al_dtype_name(q->dtype));
         return 0;
@@ -492,7 +500,218 @@ static al_status ua_backward(const al_attn_plan *pl, const al_tensor *out, const
     return st;
 }
 
+/* ---- FP8: exact emulation (the CPU's, src/cpu/attention_fwd.c / attention_bwd.c) -----------------------
+ * Slot by slot as the cpu backend, so either is the other's oracle: FP8 q, k, v read as code * descale (one
+ * qkv_scale_inv, or per-token descales), float q, k, v (MXFP8 recipes quantise them upstream) as they are; the
+ * S slot inside the softmax kernel (P.V reads the CPU's tile-wise unnormalised P, quantised -> dequantised) and
+ * in the backward's dS kernel with the dP slot; O, dO and dQKV quantised -> dequantised (given, current, or O
+ * per token) around the f32 computation, or O handed back as its FP8 codes (fp8_output). The amaxes each call
+ * reports and the scales it used go to fp8.amax / scale_used as the CPU's. What differs from the CPU is only
+ * the f32 summation order of the GEMMs and the exp's last bit, which can move a value across an FP8 rounding
+ * boundary now and then. */
+
+/* q, k, v of the FP8 plan as f32 tensors (t[i] new) or the caller's float tensors (aliases) */
+static al_status ua_f8_inputs(const al_attn_plan *pl, al_tensor t[3]) {
+    const al_attn_fp8 *fx = pl->in.fp8;
+    const al_tensor *x[3] = {pl->in.q, pl->in.k, pl->in.v};
+    const al_tensor *ds[3] = {fx->q_descale, fx->k_descale, fx->v_descale};
+    for (int i = 0; i < 3; i++) {
+        if (x[i]->dtype != AL_DTYPE_FP8_E4M3 && x[i]->dtype != AL_DTYPE_FP8_E5M2) {   /* (read in f32, as the CPU) */
+            if (x[i]->dtype == AL_DTYPE_F32) AL_TRY(al_tensor_alias(&t[i], x[i]));
+            else AL_TRY(al_tensor_to(&t[i], x[i], AL_DTYPE_F32, AL_DEVICE_CUDA, x[i]->device_index));
+            continue;
+        }
+        AL_TRY(al_fp8_dequantize(&t[i], x[i], ds[i] ? 1.0 : fx->qkv_scale_inv, AL_DTYPE_F32));
+        if (ds[i]) {   /* one descale per token: code * descale in f32 (exact product, one rounding, as the CPU) */
+            al_tensor a, b, m;
+            memset(&a, 0, sizeof a); memset(&b, 0, sizeof b); memset(&m, 0, sizeof m);
+            al_status st = al_tensor_unsqueeze(&a, ds[i], ds[i]->ndim);
+            if (st == AL_OK) st = al_tensor_unsqueeze(&b, &a, a.ndim);
+            if (st == AL_OK) st = al_binary(&m, AL_BINARY_MUL, &t[i], &b);
+            al_tensor_release(&a);
+            al_tensor_release(&b);
+            al_tensor_release(&t[i]);
+            if (st != AL_OK) return st;
+            t[i] = m;
+        }
+    }
+    return AL_OK;
+}
+
+/* dst (any strides, dtype) <- src (contiguous f32, dst's shape) quantised -> dequantised with scale (FP8 dst:
+ * the codes; scale < 0: a plain copy); per_row: one current scale per token (O per token; pow2m = 2^margin) */
+static al_status ua_f8_store(al_tensor *dst, const al_tensor *src, int32_t fmt, double scale, int per_row, double margin) {
+    al_tensor c, d;
+    memset(&c, 0, sizeof c);
+    memset(&d, 0, sizeof d);
+    al_status st;
+    if (per_row) {   /* rows: the token dims (all but heads and the head dim) */
+        al_tensor si, a, b;
+        memset(&si, 0, sizeof si); memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
+        st = al_fp8_quantize_rows(&c, &si, src, fmt, 2, margin);
+        if (st == AL_OK) st = al_fp8_dequantize(&d, &c, 1.0, AL_DTYPE_F32);
+        if (st == AL_OK) st = al_tensor_unsqueeze(&a, &si, si.ndim);
+        if (st == AL_OK) st = al_tensor_unsqueeze(&b, &a, a.ndim);
+        al_tensor m;
+        memset(&m, 0, sizeof m);
+        if (st == AL_OK) st = al_binary(&m, AL_BINARY_MUL, &d, &b);
+        if (st == AL_OK) st = al_tensor_copy_(dst, &m);
+        al_tensor_release(&si); al_tensor_release(&a); al_tensor_release(&b); al_tensor_release(&m);
+    } else if (scale < 0.0) {
+        st = al_tensor_copy_(dst, src);
+    } else if (dst->dtype == fmt) {
+        st = al_fp8_quantize(&c, src, fmt, scale);
+        if (st == AL_OK) st = al_tensor_copy_(dst, &c);
+    } else {
+        st = al_fp8_quantize(&c, src, fmt, scale);
+        if (st == AL_OK) st = al_fp8_dequantize(&d, &c, 1.0 / scale, dst->dtype);
+        if (st == AL_OK) st = al_tensor_copy_(dst, &d);
+    }
+    al_tensor_release(&c);
+    al_tensor_release(&d);
+    return st;
+}
+
+/* the f8 fields of a context: formats, the S and dP scales, a zeroed amax pair */
+static al_status ua_f8_ctx(ua_ctx *c, const al_attn_fp8 *fx) {
+    c->P.f8 = 1;
+    c->P.f8_fwd = fx->fwd_format;
+    c->P.f8_bwd = fx->bwd_format;
+    c->P.f8_sS = fx->scale[AL_FP8_SLOT_S];
+    c->P.f8_sdP = fx->scale[AL_FP8_SLOT_DP];
+    AL_TRY(ua_alloc(c, 2 * (int64_t)sizeof(double), (void **)&c->P.f8_amax));
+    AL_CUDA_TRY(cudaMemsetAsync(c->P.f8_amax, 0, 2 * sizeof(double), c->s));
+    return AL_OK;
+}
+
+static al_status ua_forward_fp8(const al_attn_plan *pl, al_tensor *out, al_tensor *lse, al_tensor *max_logit) {
+    al_attn_fp8 *fx = pl->in.fp8;
+    al_tensor in[3], o32;
+    memset(in, 0, sizeof in);
+    memset(&o32, 0, sizeof o32);
+    al_attn_plan p2 = *pl;   /* (shares the plan's arrays; only the inputs change) */
+    ua_ctx c;
+    memset(&c, 0, sizeof c);
+    al_status st = ua_f8_inputs(pl, in);
+    if (st == AL_OK) {
+        p2.in.q = &in[0]; p2.in.k = &in[1]; p2.in.v = &in[2];
+        p2.in.fp8 = NULL;
+        st = ua_ctx_init(&c, &p2);
+    }
+    if (st == AL_OK) st = ua_f8_ctx(&c, fx);
+    if (st == AL_OK) st = ua_forward_inner(&c, &p2, &o32, lse, max_logit);
+    double am[2] = {0.0, 0.0};
+    if (st == AL_OK) st = al_cu_memcpy_d2h(c.dev, am, c.P.f8_amax, sizeof am);
+    ua_ctx_release(&c);
+    /* the O slot: amax of the f32 O, then its given, current or per-token scale */
+    double amo = 0.0, so = fx->scale[AL_FP8_SLOT_O];
+    const double p2m = exp2(fx->margin);
+    if (st == AL_OK) st = al_amax(&o32, &amo);
+    if (st == AL_OK && so == 0.0) so = al_fp8_current_scale(al_fp8_fmax(fx->fwd_format), amo, p2m);
+    if (st == AL_OK) st = al_tensor_empty(out, o32.ndim, o32.size, fx->out_dtype, AL_DEVICE_CUDA, o32.device_index);
+    if (st == AL_OK) st = ua_f8_store(out, &o32, fx->fwd_format, so, fx->o_per_token, fx->margin);
+    for (int i = 0; i < 3; i++) al_tensor_release(&in[i]);
+    al_tensor_release(&o32);
+    if (st != AL_OK) {
+        st = al_error_prefix(st, "attention_forward (unfused, fp8)");
+        al_tensor_release(out);
+        al_tensor_release(lse);
+        if (max_logit) al_tensor_release(max_logit);
+        return st;
+    }
+    const double sS = fx->scale[AL_FP8_SLOT_S];
+    fx->amax[AL_FP8_SLOT_S] = sS >= 0 ? am[0] : 0.0;
+    fx->amax[AL_FP8_SLOT_O] = amo;
+    fx->scale_used[AL_FP8_SLOT_S] = sS >= 0 ? sS : -1.0;
+    fx->scale_used[AL_FP8_SLOT_O] = fx->o_per_token ? 0.0 : so;
+    return AL_OK;
+}
+
+static al_status ua_backward_fp8(const al_attn_plan *pl, const al_tensor *out, const al_tensor *dout, const al_tensor *lse,
+                                 al_tensor *dq, al_tensor *dk, al_tensor *dv, al_tensor *dbias, al_tensor *d_softmax_offset) {
+    al_attn_fp8 *fx = pl->in.fp8;
+    const int32_t dev = pl->in.q->device_index;
+    al_tensor in[3], o32, d32, g32[3];
+    memset(in, 0, sizeof in);
+    memset(&o32, 0, sizeof o32);
+    memset(&d32, 0, sizeof d32);
+    memset(g32, 0, sizeof g32);
+    al_attn_plan p2 = *pl;
+    ua_ctx c;
+    memset(&c, 0, sizeof c);
+    const double p2m = exp2(fx->margin);
+    al_status st = ua_f8_inputs(pl, in);
+    /* O as the forward left it: FP8 codes (fp8_output) read as code / scale_used[O], a float O as it is */
+    if (st == AL_OK && (out->dtype == AL_DTYPE_FP8_E4M3 || out->dtype == AL_DTYPE_FP8_E5M2)) {
+        const double so = fx->scale_used[AL_FP8_SLOT_O];
+        if (!(so > 0.0))
+            st = al_error(AL_ERR_ARG, "out holds FP8 codes (fp8_output), but fp8.scale_used[O] is %g, not the forward's "
+                          "per-tensor scale", so);
+        else st = al_fp8_dequantize(&o32, out, 1.0 / so, AL_DTYPE_F32);
+    } else if (st == AL_OK) {
+        st = al_tensor_alias(&o32, out);
+    }
+    /* dO quantised -> dequantised (given or current scale) into f32 */
+    double amdo = 0.0, sdo = fx->scale[AL_FP8_SLOT_DO];
+    if (st == AL_OK) st = al_amax(dout, &amdo);
+    if (st == AL_OK && sdo == 0.0) sdo = al_fp8_current_scale(al_fp8_fmax(fx->bwd_format), amdo, p2m);
+    if (st == AL_OK) st = al_tensor_empty(&d32, dout->ndim, dout->size, AL_DTYPE_F32, AL_DEVICE_CUDA, dev);
+    if (st == AL_OK) st = ua_f8_store(&d32, dout, fx->bwd_format, sdo, 0, fx->margin);
+    al_tensor *gd[3] = {dq, dk, dv};
+    for (int i = 0; i < 3 && st == AL_OK; i++) st = al_tensor_empty(&g32[i], gd[i]->ndim, gd[i]->size, AL_DTYPE_F32, AL_DEVICE_CUDA, dev);
+    if (st == AL_OK) {
+        p2.in.q = &in[0]; p2.in.k = &in[1]; p2.in.v = &in[2];
+        p2.in.fp8 = NULL;
+        st = ua_ctx_init(&c, &p2);
+    }
+    if (st == AL_OK) st = ua_f8_ctx(&c, fx);
+    if (st == AL_OK) st = ua_backward_inner(&c, &p2, &o32, &d32, lse, &g32[0], &g32[1], &g32[2], dbias, d_softmax_offset);
+    double am[2] = {0.0, 0.0};
+    if (st == AL_OK) st = al_cu_memcpy_d2h(c.dev, am, c.P.f8_amax, sizeof am);
+    ua_ctx_release(&c);
+    /* the dQKV slot: one scale over dq, dk, dv */
+    double amg = 0.0, a, sg = fx->scale[AL_FP8_SLOT_DQKV];
+    for (int i = 0; i < 3 && st == AL_OK; i++) {
+        st = al_amax(&g32[i], &a);
+        if (a != a || amg != amg) amg = NAN;
+        else if (a > amg) amg = a;
+    }
+    if (st == AL_OK && sg == 0.0) sg = al_fp8_current_scale(al_fp8_fmax(fx->bwd_format), amg, p2m);
+    for (int i = 0; i < 3 && st == AL_OK; i++) st = ua_f8_store(gd[i], &g32[i], fx->bwd_format, sg, 0, fx->margin);
+    for (int i = 0; i < 3; i++) {
+        al_tensor_release(&in[i]);
+        al_tensor_release(&g32[i]);
+    }
+    al_tensor_release(&o32);
+    al_tensor_release(&d32);
+    if (st != AL_OK) {
+        st = al_error_prefix(st, "attention_backward (unfused, fp8)");
+        if (dbias) al_tensor_release(dbias);
+        if (d_softmax_offset) al_tensor_release(d_softmax_offset);
+        return st;
+    }
+    const double sdP = fx->scale[AL_FP8_SLOT_DP];
+    fx->amax[AL_FP8_SLOT_DO] = amdo;
+    fx->scale_used[AL_FP8_SLOT_DO] = sdo;
+    fx->amax[AL_FP8_SLOT_DP] = sdP >= 0 ? am[1] : 0.0;
+    fx->scale_used[AL_FP8_SLOT_DP] = sdP >= 0 ? sdP : -1.0;
+    fx->amax[AL_FP8_SLOT_DQKV] = amg;
+    fx->scale_used[AL_FP8_SLOT_DQKV] = sg;
+    return AL_OK;
+}
+
+static al_status ua_forward_any(const al_attn_plan *pl, al_tensor *out, al_tensor *lse, al_tensor *max_logit) {
+    return pl->in.fp8 ? ua_forward_fp8(pl, out, lse, max_logit) : ua_forward(pl, out, lse, max_logit);
+}
+static al_status ua_backward_any(const al_attn_plan *pl, const al_tensor *out, const al_tensor *dout, const al_tensor *lse,
+                                 al_tensor *dq, al_tensor *dk, al_tensor *dv, al_tensor *dbias, al_tensor *d_softmax_offset) {
+    return pl->in.fp8 ? ua_backward_fp8(pl, out, dout, lse, dq, dk, dv, dbias, d_softmax_offset)
+                      : ua_backward(pl, out, dout, lse, dq, dk, dv, dbias, d_softmax_offset);
+}
+
 /* ---- registration --------------------------------------------------------------------------------------- */
-static const al_attn_backend g_unfused = {"unfused", ua_supports, ua_forward, ua_backward};
+/* fp8 = 1: supports() judges FP8 plans (the emulation above); fp8_ds = 0: delayed scaling on the device
+ * reaches it through the front door's host resolution */
+static const al_attn_backend g_unfused = {"unfused", ua_supports, ua_forward_any, ua_backward_any, 1, 0};
 
 al_status al_cu_attn_unfused_register(void) { return al_attn_register_backend(&g_unfused); }

@@ -46,6 +46,12 @@ typedef struct al_ua_dev {
     float scale, keep_prob, dscale;
     int32_t dropout;
     uint64_t seed, offset;
+    /* FP8 emulation (attn_unfused.cu, ua_forward_fp8 / ua_backward_fp8; f8 = 0: off): the S slot in the forward softmax and in the backward's
+     * dS kernel, the dP slot in the latter, as the CPU emulation (src/cpu/attention_*_tmpl.h) does them. Formats,
+     * scales (< 0: the slot is not quantised) and device amax accumulators [2]: S, dP (max, NaN wins) */
+    int32_t f8, f8_fwd, f8_bwd;
+    double f8_sS, f8_sdP;
+    double *f8_amax;
 } al_ua_dev;
 
 /* A q/k/v/out-like operand: element (b, head, row, col) lives at element offset

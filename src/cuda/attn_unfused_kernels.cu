@@ -19,6 +19,7 @@
  */
 #include "cuda/attn_unfused.h"
 #include "numeric/philox.h"
+#include "numeric/fp8_scale.h"
 
 #define UA_BLOCK 256
 
@@ -100,6 +101,19 @@ static __device__ __forceinline__ void ua_atomic_max(float *addr, float v) {
 
 static unsigned ua_grid(int32_t dev, int64_t n) { return al_cu_grid(dev, n); }
 
+/* ---- FP8 emulation helpers (the CPU's al_attn_fq / amax, src/cpu/attention_cpu.h) ------------------------ */
+/* quantise -> dequantise of v with scale s (inverse inv), in double as the CPU */
+static __device__ __forceinline__ float ua_fq(int32_t fmt, float v, double s, double inv) {
+    return (float)(al_fp8_decode(fmt, al_fp8_encode(fmt, (double)v * s)) * inv);
+}
+/* *acc = max(*acc, m) for an amax m >= 0 or NaN (such doubles order as their unsigned bit patterns) */
+static __device__ __forceinline__ void ua_amax_into(double *acc, float m) {
+    if (m != 0.0f) atomicMax((unsigned long long *)acc, (unsigned long long)__double_as_longlong((double)fabsf(m)));
+}
+/* the CPU forward's key tiles (AL_ATTN_BN = 128 columns from the row block's first visible key) */
+#define UA_F8_BN 128
+#define UA_F8_BM 64
+
 /* ---- forward softmax ------------------------------------------------------------------------------- */
 __global__ void __launch_bounds__(UA_BLOCK) ua_softmax_fwd_kernel(al_ua_dev P, float *S, float *lse, float *max_logit) {
     __shared__ float sh[32];
@@ -129,10 +143,48 @@ __global__ void __launch_bounds__(UA_BLOCK) ua_softmax_fwd_kernel(al_ua_dev P, f
     const float l = sum + (P.sink ? expf(sink - mu) : 0.0f);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const uint64_t base = (uint64_t)row * (uint64_t)P.SKV;
+    const int f8s = P.f8 && P.f8_sS >= 0.0;
     for (int64_t j = threadIdx.x; j < P.SKV; j += blockDim.x) {
         float p = expf(s[j] - mu) * inv;
-        if (P.dropout) p *= ua_keep_scale(P, base + (uint64_t)j);
+        if (P.dropout && !f8s) p *= ua_keep_scale(P, base + (uint64_t)j);
         s[j] = p;
+    }
+    if (f8s) {
+        /* The S slot as the CPU emulation reads it (attention_fwd_tmpl.h, after cuDNN's FP8 kernel): P.V takes
+         * the unnormalised exp(s - m_t) against the running max m_t of the key tiles seen so far, quantised ->
+         * dequantised with scale_S, and O is divided by the full row sum at the end. With the normalised p here,
+         * exp(s - m_t) = p / pm_t and the tile's weight exp(m_t - lse) = pm_t, where pm_t is the running max of p
+         * over the tiles up to t: so p becomes fq(p / pm_t) * pm_t. The tiles start at the row block's first
+         * visible key (al_attn_kv_range: a left window moves it). amax_S = the row's max p. Then dropout. */
+        extern __shared__ float tmax[];
+        int64_t jlo = 0;
+        const int64_t d = P.diag[b], i0 = (i / UA_F8_BM) * UA_F8_BM;
+        if (P.wl >= 0 && i0 + d - P.wl > jlo) jlo = i0 + d - P.wl;
+        if (jlo > kvr) jlo = kvr;
+        const int64_t nt = (P.SKV - jlo + UA_F8_BN - 1) / UA_F8_BN;
+        __syncthreads();   /* (every p of the row stored) */
+        for (int64_t t = threadIdx.x; t < nt; t += blockDim.x) {
+            float m = 0.0f;
+            for (int64_t j = jlo + t * UA_F8_BN; j < jlo + (t + 1) * UA_F8_BN && j < P.SKV; j++) m = fmaxf(m, s[j]);
+            tmax[t] = m;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float m = 0.0f;
+            for (int64_t t = 0; t < nt; t++) tmax[t] = m = fmaxf(m, tmax[t]);
+            if (l > 0.0f && mx > -INFINITY) ua_amax_into(&P.f8_amax[0], m);
+        }
+        __syncthreads();
+        const double sS = P.f8_sS, sinv = 1.0 / P.f8_sS;
+        for (int64_t j = threadIdx.x; j < P.SKV; j += blockDim.x) {
+            float p = s[j];
+            if (j >= jlo && p > 0.0f) {
+                const float pm = tmax[(j - jlo) / UA_F8_BN];
+                p = ua_fq(P.f8_fwd, p / pm, sS, sinv) * pm;
+            }
+            if (P.dropout) p *= ua_keep_scale(P, base + (uint64_t)j);
+            s[j] = p;
+        }
     }
     if (threadIdx.x == 0) {
         lse[row] = l > 0.0f ? (float)((double)mu + log((double)l)) : -INFINITY;
@@ -145,7 +197,12 @@ al_status al_ua_softmax_fwd(int32_t dev, cudaStream_t s, const al_ua_dev *P, flo
     if (rows == 0) return AL_OK;
     if (rows > INT32_MAX)
         return al_error(AL_ERR_UNSUPPORTED, "attention (unfused): %lld query rows exceed the grid limit", (long long)rows);
-    ua_softmax_fwd_kernel<<<(unsigned)rows, UA_BLOCK, 0, s>>>(*P, S, lse, max_logit);
+    /* (FP8 S slot: one running max per key tile of the row, in dynamic shared memory) */
+    const size_t smem = P->f8 && P->f8_sS >= 0.0 ? sizeof(float) * (size_t)((P->SKV + UA_F8_BN - 1) / UA_F8_BN + 1) : 0;
+    if (smem > 48 * 1024)
+        return al_error(AL_ERR_UNSUPPORTED, "attention (unfused, fp8): skv = %lld needs %zu bytes of key-tile maxima (48 KiB at most)",
+                        (long long)P->SKV, smem);
+    ua_softmax_fwd_kernel<<<(unsigned)rows, UA_BLOCK, smem, s>>>(*P, S, lse, max_logit);
     AL_CUDA_LAUNCHED_K("ua_softmax_fwd_kernel");
     return AL_OK;
 }
@@ -244,6 +301,7 @@ al_status al_ua_rows_bwd(int32_t dev, cudaStream_t s, const al_ua_dev *P, const 
 __global__ void __launch_bounds__(AL_CU_THREADS) ua_ds_bwd_kernel(al_ua_dev P, float *A, float *Bm, const float *Lrow,
                                                                   const float *Drow, int64_t n) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    float am = 0.0f;   /* (FP8: this thread's amax of dS before its quantisation) */
     for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < n; x += stride) {
         const int64_t j = x % P.SKV, row = x / P.SKV;
         const int64_t i = row % P.SQ, bh = row / P.SQ, h = bh % P.H, b = bh / P.H;
@@ -255,11 +313,33 @@ __global__ void __launch_bounds__(AL_CU_THREADS) ua_ds_bwd_kernel(al_ua_dev P, f
             Bm[x] = 0.0f;
             continue;
         }
-        const float p = expf(s - L);
+        float p = expf(s - L);
+        /* FP8: the S slot (the CPU backward quantises the normalised P), then the dP slot on dS */
+        if (P.f8 && P.f8_sS >= 0.0) p = ua_fq(P.f8_fwd, p, P.f8_sS, 1.0 / P.f8_sS);
         const float z = P.dropout ? ua_keep_scale(P, (uint64_t)x) : 1.0f;
         const float g = __fmul_rn(Bm[x], z);
-        A[x] = __fmul_rn(p, __fsub_rn(g, Drow[row]));
+        float ds = __fmul_rn(p, __fsub_rn(g, Drow[row]));
+        if (P.f8 && P.f8_sdP >= 0.0) {
+            am = ds != ds || am != am ? __int_as_float(0x7fc00000) : fmaxf(am, fabsf(ds));
+            ds = ua_fq(P.f8_bwd, ds, P.f8_sdP, 1.0 / P.f8_sdP);
+        }
+        A[x] = ds;
         Bm[x] = __fmul_rn(p, z);
+    }
+    if (P.f8 && P.f8_sdP >= 0.0) {   /* amax_dP: the block's, into the accumulator */
+        __shared__ float sh[32];
+        for (int o = 16; o > 0; o >>= 1) {
+            const float w = __shfl_xor_sync(0xffffffffu, am, o);
+            am = am != am || w != w ? __int_as_float(0x7fc00000) : fmaxf(am, w);
+        }
+        const int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
+        if (lane == 0) sh[wid] = am;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float m = 0.0f;
+            for (int k = 0; k < nw; k++) m = m != m || sh[k] != sh[k] ? __int_as_float(0x7fc00000) : fmaxf(m, sh[k]);
+            ua_amax_into(&P.f8_amax[1], m);
+        }
     }
 }
 

@@ -170,7 +170,7 @@ describe("fp8 fused (cuDNN FP8 SDPA) vs the CPU emulation #gpu", function()
     assert.is_true(rel(res.f.scale_used[5], 57344 / res.f.amax[5]) < 1e-6, "current dQKV scale (E5M2, HYBRID)")
   end)
 
-  gpu_it("d=64 forward is served (backward needs d=128 on Hopper: a clear error)", function()
+  gpu_it("d=64 forward is served (backward forced onto fused needs d=128 on Hopper: a clear error)", function()
     local args = { query_layer = R({ 1, 128, 2, 64 }), key_layer = R({ 1, 128, 2, 64 }), value_layer = R({ 1, 128, 2, 64 }),
       qkv_format = "bshd", attn_mask_type = "causal" }
     local res = run("bshd d=64 causal (forward only)", args, DS, { no_backward = true })
@@ -376,7 +376,8 @@ describe("fp8 fused explain #gpu", function()
     local text, name = ex(base(96))
     assert.are.equal("fused", name, text)
     if al.cuda.device_info(0).capability[1] == 9 then
-      assert.truthy(text:find("FP8 forward only: cuDNN's FP8 backward needs d_qk = d_v = 128", 1, true), text)
+      assert.truthy(text:find("FP8 forward only (the backward goes to the unfused backend's emulation): cuDNN's FP8 backward " ..
+        "needs d_qk = d_v = 128", 1, true), text)
     end
   end)
 
@@ -435,7 +436,7 @@ describe("fp8 fused: explain text without a GPU", function()
     local qkv = al.randn({ 2, 32, 3, 2, 16 }, { dtype = "bf16" })
     local text, name = al.attention.explain{ qkv_layer = qkv, qkv_format = "bshd", fp8_recipe = al.fp8.DelayedScaling{} }
     assert.are.equal("cpu", name)
-    assert.truthy(text:find("the cpu backend emulates, the fused backend runs cuDNN's FP8 SDPA", 1, true), text)
+    assert.truthy(text:find("the cpu and unfused backends emulate, the fused backend runs cuDNN's FP8 SDPA", 1, true), text)
     -- with the plugin loaded, the fused line says why CPU tensors are not its own
     if al.cuda.available() then assert.truthy(text:find("fused's FP8 path", 1, true) or text:find("FP8 path", 1, true), text) end
   end)
