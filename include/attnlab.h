@@ -656,7 +656,7 @@ typedef struct al_fp8_ds {
     double  pow2_margin;         /* 2^margin, as the host computes it */
     double  fmax[6];             /* per slot: the largest finite value of its format */
     int64_t count[6];            /* amaxes recorded per slot so far (host bookkeeping: updates are queued in order) */
-} al_fp8_ds;
+} al_fp8_ds;                     /* (one owner: a byte copy shares state without a reference; release once) */
 /* ds (zeroed first) with its state on (device_type, device_index), seeded from a host recipe's state: per slot
  * s, count[s] amaxes recorded so far of which the last min(count[s], history_len) are history[s*history_len ..]
  * (oldest first), and scale[s] (> 0). history may be NULL when every count is 0. */
