@@ -252,6 +252,38 @@ end
 local DS_ALGO = { max = 0, most_recent = 1 }
 local DS_MASK_FWD, DS_MASK_BWD = 0x07, 0x38
 
+-- The state of device state ds into recipe r's Lua tables, for the slots in mask; whole = true replaces the
+-- histories (ds is the recipe's state), else each slot's latest amax is recorded on the host (ds was dropped
+-- while a call that uses it was under way).
+local function absorb(r, ds, mask, whole)
+  local H = ds.history_len
+  local hist, scale, used = ffi.new("double[?]", 6 * H), ffi.new("double[6]"), ffi.new("double[6]")
+  T.check(C.al_fp8_ds_read(ds, hist, scale, used), "fp8 recipe (device state)")
+  local c0 = rawget(r, "_ds_count0") or {}
+  for i, s in ipairs(SLOTS) do
+    if bit.band(mask, bit.lshift(1, i - 1)) ~= 0 then
+      local st = r.slots[s]
+      local c = tonumber(ds.count[i - 1])
+      local n = math.min(c, H)
+      if whole then
+        local h = {}
+        for j = 0, n - 1 do h[j + 1] = hist[(i - 1) * H + j] end
+        st.amax_history = h
+        st.scale = scale[i - 1]
+        if c > (c0[i] or 0) then st.last_amax, st.last_scale = h[n], used[i - 1] end
+      elseif n > 0 then
+        st.last_scale = used[i - 1]
+        r:record(s, hist[(i - 1) * H + n - 1])
+      end
+    end
+  end
+  if whole then
+    local c = {}
+    for i = 1, 6 do c[i] = tonumber(ds.count[i - 1]) end
+    r._ds_count0 = c
+  end
+end
+
 -- the al_fp8_ds for tensor x's device (created from the Lua state), or nil when the recipe keeps its state
 -- on the host
 function Recipe:_ds_for(x)
@@ -286,39 +318,7 @@ function Recipe:_pull(drop)
   local ds = rawget(self, "_ds")
   if not ds then return end
   if drop then self._ds = nil end
-  M._absorb(self, ds, 0x3F, true)
-end
-
--- The state of device state ds into recipe r's Lua tables, for the slots in mask; whole = true replaces the
--- histories (ds is the recipe's state), else each slot's latest amax is recorded on the host (ds was dropped
--- while a call that uses it was under way).
-function M._absorb(r, ds, mask, whole)
-  local H = ds.history_len
-  local hist, scale, used = ffi.new("double[?]", 6 * H), ffi.new("double[6]"), ffi.new("double[6]")
-  T.check(C.al_fp8_ds_read(ds, hist, scale, used), "fp8 recipe (device state)")
-  local c0 = rawget(r, "_ds_count0") or {}
-  for i, s in ipairs(SLOTS) do
-    if bit.band(mask, bit.lshift(1, i - 1)) ~= 0 then
-      local st = r.slots[s]
-      local c = tonumber(ds.count[i - 1])
-      local n = math.min(c, H)
-      if whole then
-        local h = {}
-        for j = 0, n - 1 do h[j + 1] = hist[(i - 1) * H + j] end
-        st.amax_history = h
-        st.scale = scale[i - 1]
-        if c > (c0[i] or 0) then st.last_amax, st.last_scale = h[n], used[i - 1] end
-      elseif n > 0 then
-        st.last_scale = used[i - 1]
-        r:record(s, hist[(i - 1) * H + n - 1])
-      end
-    end
-  end
-  if whole then
-    local c = {}
-    for i = 1, 6 do c[i] = tonumber(ds.count[i - 1]) end
-    r._ds_count0 = c
-  end
+  absorb(self, ds, 0x3F, true)
 end
 
 -- The scale a slot uses for its next quantisation (delayed slots), or from a current amax.
@@ -648,7 +648,7 @@ end
 -- meanwhile (reset, a host-path call), they are recorded on the host instead
 local function ds_finish(r, ds, mask)
   T.check(C.al_fp8_ds_update(ds, mask), "fp8 recipe (device state update)")
-  if rawget(r, "_ds") ~= ds then M._absorb(r, ds, mask, false) end
+  if rawget(r, "_ds") ~= ds then absorb(r, ds, mask, false) end
 end
 
 -- After the C forward: record S and O, apply Lua-side O quantisation. Returns the output (4-d).

@@ -510,6 +510,21 @@ static al_status ua_backward(const al_attn_plan *pl, const al_tensor *out, const
  * the f32 summation order of the GEMMs and the exp's last bit, which can move a value across an FP8 rounding
  * boundary now and then. */
 
+/* *t (f32, token dims then heads and the head dim) times rows (f32, one value per token: t's shape without its
+ * last two dims), in f32 (an exact product rounded once, as the CPU's per-token descale); *t is replaced */
+static al_status ua_f8_times_rows(al_tensor *t, const al_tensor *rows) {
+    al_tensor a, b, m;
+    memset(&a, 0, sizeof a); memset(&b, 0, sizeof b); memset(&m, 0, sizeof m);
+    al_status st = al_tensor_unsqueeze(&a, rows, rows->ndim);
+    if (st == AL_OK) st = al_tensor_unsqueeze(&b, &a, a.ndim);
+    if (st == AL_OK) st = al_binary(&m, AL_BINARY_MUL, t, &b);
+    al_tensor_release(&a);
+    al_tensor_release(&b);
+    al_tensor_release(t);
+    *t = m;
+    return st;
+}
+
 /* q, k, v of the FP8 plan as f32 tensors (t[i] new) or the caller's float tensors (aliases) */
 static al_status ua_f8_inputs(const al_attn_plan *pl, al_tensor t[3]) {
     const al_attn_fp8 *fx = pl->in.fp8;
@@ -522,18 +537,7 @@ static al_status ua_f8_inputs(const al_attn_plan *pl, al_tensor t[3]) {
             continue;
         }
         AL_TRY(al_fp8_dequantize(&t[i], x[i], ds[i] ? 1.0 : fx->qkv_scale_inv, AL_DTYPE_F32));
-        if (ds[i]) {   /* one descale per token: code * descale in f32 (exact product, one rounding, as the CPU) */
-            al_tensor a, b, m;
-            memset(&a, 0, sizeof a); memset(&b, 0, sizeof b); memset(&m, 0, sizeof m);
-            al_status st = al_tensor_unsqueeze(&a, ds[i], ds[i]->ndim);
-            if (st == AL_OK) st = al_tensor_unsqueeze(&b, &a, a.ndim);
-            if (st == AL_OK) st = al_binary(&m, AL_BINARY_MUL, &t[i], &b);
-            al_tensor_release(&a);
-            al_tensor_release(&b);
-            al_tensor_release(&t[i]);
-            if (st != AL_OK) return st;
-            t[i] = m;
-        }
+        if (ds[i]) AL_TRY(ua_f8_times_rows(&t[i], ds[i]));   /* one descale per token */
     }
     return AL_OK;
 }
@@ -546,17 +550,13 @@ static al_status ua_f8_store(al_tensor *dst, const al_tensor *src, int32_t fmt, 
     memset(&d, 0, sizeof d);
     al_status st;
     if (per_row) {   /* rows: the token dims (all but heads and the head dim) */
-        al_tensor si, a, b;
-        memset(&si, 0, sizeof si); memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
+        al_tensor si;
+        memset(&si, 0, sizeof si);
         st = al_fp8_quantize_rows(&c, &si, src, fmt, 2, margin);
         if (st == AL_OK) st = al_fp8_dequantize(&d, &c, 1.0, AL_DTYPE_F32);
-        if (st == AL_OK) st = al_tensor_unsqueeze(&a, &si, si.ndim);
-        if (st == AL_OK) st = al_tensor_unsqueeze(&b, &a, a.ndim);
-        al_tensor m;
-        memset(&m, 0, sizeof m);
-        if (st == AL_OK) st = al_binary(&m, AL_BINARY_MUL, &d, &b);
-        if (st == AL_OK) st = al_tensor_copy_(dst, &m);
-        al_tensor_release(&si); al_tensor_release(&a); al_tensor_release(&b); al_tensor_release(&m);
+        if (st == AL_OK) st = ua_f8_times_rows(&d, &si);
+        if (st == AL_OK) st = al_tensor_copy_(dst, &d);
+        al_tensor_release(&si);
     } else if (scale < 0.0) {
         st = al_tensor_copy_(dst, src);
     } else if (dst->dtype == fmt) {

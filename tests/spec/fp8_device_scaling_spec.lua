@@ -10,15 +10,9 @@ local al = require "attnlab"
 local lffi = require "attnlab.ffi"
 local ffi, C = lffi.ffi, lffi.C
 
-local function hopper()
-  if not al.cuda.available() then return false, "no GPU" end
-  local cap = al.cuda.device_info(0).capability
-  if cap[1] < 9 then return false, "needs sm_90+, this is sm_" .. cap[1] .. cap[2] end
-  return true
-end
-local function gpu_it(name, fn)
-  local ok, why = hopper()
-  if ok then it(name, fn) else pending(name .. " (" .. why .. ")") end
+local function gpu_it(name, fn)   -- (sm_90+: tests/spec/helper.lua's hopper_missing)
+  local why = hopper_missing()
+  if why then pending(name .. " (" .. why .. ")") else it(name, fn) end
 end
 
 local function maxdiff(a, b) return (a:cpu():to("f64") - b:cpu():to("f64")):abs():max() end

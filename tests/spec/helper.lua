@@ -15,3 +15,11 @@ function _G.with_env(name, value, fn)
   if before then ffi.C.setenv(name, before, 1) else ffi.C.unsetenv(name) end
   if not ok then error(err, 0) end
 end
+
+-- hopper_missing(): nil on an sm_90+ GPU (cuDNN's FP8 SDPA, the Hopper kernels), else why not (for pending)
+function _G.hopper_missing()
+  if not al.cuda.available() then return "no GPU" end
+  local cap = al.cuda.device_info(0).capability
+  if cap[1] < 9 then return "needs sm_90+, this is sm_" .. cap[1] .. cap[2] end
+  return nil
+end
