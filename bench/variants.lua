@@ -70,8 +70,13 @@ local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 local dev = al.cuda.device_info(0)
 print(string.format("variants bench on %s (sm_%d%d)", dev.name, dev.capability[1], dev.capability[2]))
 
--- mean milliseconds of fn over ITERS calls after WARMUP calls, by CUDA events
-local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = ITERS }) end
+-- mean milliseconds of fn by CUDA events, over at least ITERS calls and ~30 ms (10 calls of a 0.2 ms
+-- forward were 2 ms: host-side noise showed in the ratios), after WARMUP calls
+local function gpu_time(fn)
+  local est = al.cuda.time(fn, { warmup = WARMUP, iters = 2 })
+  local iters = math.max(ITERS, math.ceil((quick and 10 or 30) / math.max(est, 1e-3)))
+  return al.cuda.time(fn, { warmup = 1, iters = iters })
+end
 
 -- forward ms and forward+backward ms of one configuration
 local function measure(args)

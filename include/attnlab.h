@@ -507,6 +507,15 @@ typedef struct al_attn_variant {
      * forward then launches its query blocks last first, so the longest rows start first and the grid's
      * tail is short (what it does for built-in causal). 0 = in order. Set by al.attention.block_mask. */
     int32_t block_order;
+    /* Optional folded form of score_mod (the Lua front end writes it; NULL = not given): new logit =
+     * score_pre * score_post, score_pre an expression of acc (the raw q.k product, float) and scale
+     * (softmax_scale, float) with b, h, q_idx, kv_idx as above, score_post a finite constant > 0.
+     * It lets the kernels fold constant factors into scale (soft-capping's tanh(score / c) becomes
+     * tanh(acc * (scale / c))) and score_post into the softmax's exponent, instead of multiplying every
+     * score by them. Given with score_mod (the same function; the backward's score_grad still takes
+     * score). */
+    const char *score_pre;
+    double score_post;
 } al_attn_variant;
 
 /* Tensor arguments (NULL = absent). */

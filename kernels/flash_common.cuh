@@ -23,6 +23,16 @@
  *   AL_SCORE_MOD_GRAD(grad, score, b, h, q_idx, kv_idx) -> float: the backward's d(new)/d(score)
  *       times grad, grad = dL/d(new logit), score the unmodified scaled logit. Default: grad (an
  *       additive modification). Must be defined with AL_SCORE_MOD when it is not additive.
+ *   AL_SCORE_PRE(acc, scale, b, h, q_idx, kv_idx) -> float, with AL_SCORE_POST (a float literal > 0):
+ *       optional folded form of AL_SCORE_MOD, new logit = AL_SCORE_PRE(...) * AL_SCORE_POST, acc the
+ *       raw q.k product, scale softmax_scale. Constant factors on score fold into scale (the compiler
+ *       hoists scale * c out of the loops) and AL_SCORE_POST * log2(e) into the softmax's exponent
+ *       (one FFMA per element, as without a hook): soft-capping costs one FMUL and a tanh per score
+ *       instead of four FMULs and a tanh. Defined only beside AL_SCORE_MOD (attention.c checks).
+ *   AL_EX2_FMA_EVERY k (0 or unset = off): the Hopper forward computes the exponentials of every k-th
+ *       n8 column group of its score tiles with al_ex2_fma (FMA pipe) instead of ex2.approx (MUFU), so
+ *       that a score_mod with its own MUFU operation (tanh, exp, log, sqrt) leaves the multi-function
+ *       unit less loaded; the generated prelude defines it when the expression holds one.
  *   AL_MASK_MOD(b, h, q_idx, kv_idx)           -> int, nonzero = keep (FlexAttention's mask_mod).
  *       Applied on top of the length/causal/window rule (they compose: an element is kept when both
  *       keep it). Default: 1 (and no per-element cost).
@@ -79,6 +89,17 @@
 #else
 #define AL_HAS_SCORE_MOD 0
 #define AL_SCORE_MOD(score, b, h, q_idx, kv_idx) (score)
+#endif
+#ifdef AL_SCORE_PRE
+#define AL_HAS_SCORE_PRE 1
+#ifndef AL_SCORE_POST
+#define AL_SCORE_POST 1.0f
+#endif
+#else
+#define AL_HAS_SCORE_PRE 0
+#endif
+#ifndef AL_EX2_FMA_EVERY
+#define AL_EX2_FMA_EVERY 0
 #endif
 #ifndef AL_SCORE_MOD_GRAD
 #define AL_SCORE_MOD_GRAD(grad, score, b, h, q_idx, kv_idx) (grad)
@@ -166,6 +187,23 @@ AL_DEV float al_ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+}
+
+/* 2^x on the FMA pipe instead of the multi-function unit (FlashAttention-4's trick): x = n + f with n an
+ * integer (rounded by adding 1.5 * 2^23, whose low mantissa bits then hold n) and |f| <= 1/2, 2^f by a
+ * degree-5 polynomial (fitted for relative error; 2.2e-7 at most in f32, as ex2.approx's 2^-22.5), and n
+ * added to its exponent field. x is clamped at -126 first (2^-126 is 0 for the softmax; -inf, a masked
+ * score, would give NaN): 12 instructions on the FMA and integer pipes for one MUFU operation. */
+AL_DEV float al_ex2_fma(float x) {
+    x = fmaxf(x, -126.0f);
+    const float j = x + 12582912.0f;
+    const float f = x - (j - 12582912.0f);
+    float p = fmaf(1.326697064e-03f, f, 9.675459936e-03f);
+    p = fmaf(p, f, 5.550742522e-02f);
+    p = fmaf(p, f, 2.402212173e-01f);
+    p = fmaf(p, f, 6.931469440e-01f);
+    p = fmaf(p, f, 1.000000119e+00f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
 }
 
 /* two floats -> one register of two 16-bit values (lo in the low half), round to nearest even */
@@ -297,14 +335,32 @@ AL_DEV int al_fl_block(const al_flash_params &p, int b, int h, int m0, int n0) {
 }
 #endif
 
+#if AL_HAS_SCORE_MOD
+/* With score_mod the logit in log2 units is al_fl_mod_pre(...) * AL_FL_MOD_POST2: the hook's value
+ * before its constant factor, and that factor times log2(e) (a compile-time constant), so that a kernel
+ * can take the row max on the first and fold the second into its exponent's FFMA. */
+#if AL_HAS_SCORE_PRE
+#define AL_FL_MOD_POST2 (AL_SCORE_POST * AL_LOG2E)
+#else
+#define AL_FL_MOD_POST2 AL_LOG2E
+#endif
+AL_DEV float al_fl_mod_pre(const al_fl_seq &s, float acc, float scale, int i, int j) {
+    /* clamped: tile rows/columns past the lengths are masked or discarded, but the hook may index
+     * captured tensors with q_idx / kv_idx */
+    const int qi = min(i, s.q_len - 1), kj = min(j, s.kv_len - 1);
+#if AL_HAS_SCORE_PRE
+    return AL_SCORE_PRE(acc, scale, s.b, s.h, qi, kj);
+#else
+    return AL_SCORE_MOD(acc * scale, s.b, s.h, qi, kj);
+#endif
+}
+#endif
+
 /* the logit of (i, j) in log2 units from the raw q.k product acc */
 AL_DEV float al_fl_logit2(const al_fl_seq &s, float acc, float scale, float scale_log2, float slope_log2, int i,
                           int j) {
 #if AL_HAS_SCORE_MOD
-    /* clamped: tile rows/columns past the lengths are masked or discarded, but the hook may index
-     * captured tensors with q_idx / kv_idx */
-    const int qi = min(i, s.q_len - 1), kj = min(j, s.kv_len - 1);
-    float x = AL_SCORE_MOD(acc * scale, s.b, s.h, qi, kj) * AL_LOG2E;
+    float x = al_fl_mod_pre(s, acc, scale, i, j) * AL_FL_MOD_POST2;
 #else
     float x = acc * scale_log2;
 #endif

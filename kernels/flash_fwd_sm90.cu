@@ -9,10 +9,11 @@
  *   AL_MASK_KIND 0 none | 1 causal | 2 window (runtime wl, wr); AL_BOTTOM_RIGHT 0 | 1
  *   AL_SM90_BN (key rows per tile: 64 or 128), AL_SM90_STAGES (K/V smem stages),
  *   AL_SM90_CONSUMERS (consumer warpgroups, 64 query rows each; BM = 64 * CONSUMERS)
- *   Variants: AL_SCORE_MOD / AL_MASK_MOD / AL_VARIANT / AL_BLOCK_MASK as in kernels/flash_common.cuh
- *   (the forward's hooks; the host needs block_m % BM == 0 and block_n % BN == 0, so a tile lies in one
- *   block). score_mod turns each score into a log2-unit logit before the max (no folded-scale fast
- *   path); mask_mod masks every tile that is not a full (2) block; 0 blocks are neither loaded nor
+ *   Variants: AL_SCORE_MOD (or its folded form AL_SCORE_PRE / AL_SCORE_POST) / AL_MASK_MOD / AL_VARIANT /
+ *   AL_BLOCK_MASK / AL_EX2_FMA_EVERY as in kernels/flash_common.cuh (the forward's hooks; the host needs
+ *   block_m % BM == 0 and block_n % BN == 0, so a tile lies in one block). score_mod turns each score
+ *   into the hook's value before its constant factor, the max is taken on those, and the factor times
+ *   log2 e is the exponent's multiplier (in place of the folded scale * log2 e); mask_mod masks every tile that is not a full (2) block; 0 blocks are neither loaded nor
  *   computed: warp 0 first compacts the Q block's row of the block mask into a list of non-empty
  *   tiles in shared memory (at most AL_SM90_BM_LIST), which the producer and the consumers walk.
  *   Not here (the host sends it to kernels/flash_fwd.cu): ALiBi.
@@ -251,8 +252,13 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
     float m_run[2] = {AL_NEG_INF, AL_NEG_INF};   /* running max, log2 units (scaled) */
     float l_run[2] = {0.0f, 0.0f};               /* this thread's part of the row sums */
-    /* with score_mod the scores become log2-unit logits first (al_fl_logit2), so the multiplier is 1 */
-    const float sl2 = AL_HAS_SCORE_MOD ? 1.0f : p.scale_log2;
+    /* the multiplier from the tile's values to log2-unit logits: without score_mod they are the raw q.k
+     * products (scale * log2 e), with it the hook's value before its constant factor (al_fl_mod_pre) */
+#if AL_HAS_SCORE_MOD
+    const float sl2 = AL_FL_MOD_POST2;
+#else
+    const float sl2 = p.scale_log2;
+#endif
 
     if (nblk > 0) al_mbar_wait(bar_q, 0);
     const al_u32 qa = sQ + cw * (64 * 128);      /* this warpgroup's 64 rows inside each Q box */
@@ -307,8 +313,8 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         for (int t = 0; t < BN / 8; t++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                sc[t * 4 + e] = al_fl_logit2(s, sc[t * 4 + e], p.scale, p.scale_log2, 0.0f, r0 + ((e >> 1) << 3),
-                                             n0 + t * 8 + tq * 2 + (e & 1));
+                sc[t * 4 + e] = al_fl_mod_pre(s, sc[t * 4 + e], p.scale, r0 + ((e >> 1) << 3),
+                                              n0 + t * 8 + tq * 2 + (e & 1));
 #endif
         const int mod_on = AL_HAS_MASK_MOD && blk != 2;   /* full blocks keep every element mask_mod would */
         int need_mask = mod_on || n0 + BN > s.kv_len;
@@ -344,10 +350,22 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         }
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
-            sc[t * 4 + 0] = al_ex2(fmaf(sc[t * 4 + 0], sl2, nbase[0]));
-            sc[t * 4 + 1] = al_ex2(fmaf(sc[t * 4 + 1], sl2, nbase[0]));
-            sc[t * 4 + 2] = al_ex2(fmaf(sc[t * 4 + 2], sl2, nbase[1]));
-            sc[t * 4 + 3] = al_ex2(fmaf(sc[t * 4 + 3], sl2, nbase[1]));
+#if AL_EX2_FMA_EVERY > 0
+            const bool fma_pipe = t % AL_EX2_FMA_EVERY == 0;   /* flash_common.cuh, AL_EX2_FMA_EVERY */
+#else
+            const bool fma_pipe = false;
+#endif
+            if (fma_pipe) {
+                sc[t * 4 + 0] = al_ex2_fma(fmaf(sc[t * 4 + 0], sl2, nbase[0]));
+                sc[t * 4 + 1] = al_ex2_fma(fmaf(sc[t * 4 + 1], sl2, nbase[0]));
+                sc[t * 4 + 2] = al_ex2_fma(fmaf(sc[t * 4 + 2], sl2, nbase[1]));
+                sc[t * 4 + 3] = al_ex2_fma(fmaf(sc[t * 4 + 3], sl2, nbase[1]));
+            } else {
+                sc[t * 4 + 0] = al_ex2(fmaf(sc[t * 4 + 0], sl2, nbase[0]));
+                sc[t * 4 + 1] = al_ex2(fmaf(sc[t * 4 + 1], sl2, nbase[0]));
+                sc[t * 4 + 2] = al_ex2(fmaf(sc[t * 4 + 2], sl2, nbase[1]));
+                sc[t * 4 + 3] = al_ex2(fmaf(sc[t * 4 + 3], sl2, nbase[1]));
+            }
             l_run[0] += sc[t * 4 + 0] + sc[t * 4 + 1];
             l_run[1] += sc[t * 4 + 2] + sc[t * 4 + 3];
         }

@@ -316,6 +316,15 @@ static al_status check_variant(al_attn_plan *pl) {
     AL_TRY(check_snippet("mask_mod", v->mask_mod, 1));
     AL_TRY(check_snippet("capture_grad", v->capture_grad, 1));
     AL_TRY(check_snippet("prelude", v->prelude, 0));
+    AL_TRY(check_snippet("score_pre", v->score_pre, 1));
+    if (v->score_pre && !v->score_mod)
+        return al_error(AL_ERR_ARG, "attention: variant.score_pre: expected score_mod beside it (the same function in "
+                        "terms of score), given score_pre alone");
+    /* the kernels multiply score_post by log2(e) in f32: that product must be a finite f32 > 0 too */
+    if (v->score_pre && !(isfinite(v->score_post) && v->score_post > 0 && (float)v->score_post > 0 &&
+                          isfinite((float)(v->score_post * 1.4426950408889634))))
+        return al_error(AL_ERR_ARG, "attention: variant.score_post: expected a finite constant > 0 (an f32 number), "
+                        "given %g", v->score_post);
     if (v->ncaptures < 0 || v->ncaptures > AL_ATTN_VARIANT_MAX_CAPTURES)
         return al_error(AL_ERR_ARG, "attention: variant.ncaptures: expected 0..%d, given %d", AL_ATTN_VARIANT_MAX_CAPTURES,
                         v->ncaptures);

@@ -17,7 +17,7 @@
 #include "attnlab.h"
 #include "numeric/fp8_delayed.h"
 
-#define AL_CUDA_ABI_VERSION 4
+#define AL_CUDA_ABI_VERSION 5
 
 typedef struct al_cuda_api {
     int32_t abi_version;                 /* AL_CUDA_ABI_VERSION */

@@ -724,8 +724,18 @@ local function offset_node(idx, strides)
   return off
 end
 
-local function gen_cuda(root, caps, uses)
+-- a constant whose reciprocal and products stay normal f32 numbers (safe to fold into a multiplier)
+local function foldable(c) return c ~= nil and c == c and math.abs(c) >= 2 ^ -126 and math.abs(c) <= 2 ^ 126 end
+
+-- gen_cuda(root, caps, uses[, pre]): the CUDA C expression of a traced tree. pre: the AL_SCORE_PRE form
+-- (kernels/flash_common.cuh), where score is acc * scale and a constant factor on score folds into
+-- scale: score / c becomes acc * (scale * (1/c)), one FMUL per element once the compiler hoists
+-- scale * (1/c) out of the kernel's loops (it may not reassociate (acc * scale) * (1/c) itself).
+local function gen_cuda(root, caps, uses, pre)
   local E
+  local function is_score(n) return n.op == "var" and n.x == "score" end
+  -- pre: score times constant k as acc * (scale * k)
+  local function scaled_score(k) return "(acc * (scale * " .. cuda_float(k) .. "))" end
   -- as a float: constants as float literals, int expressions cast
   local function EF(n)
     if n.t == "f" then return E(n) end
@@ -739,7 +749,14 @@ local function gen_cuda(root, caps, uses)
       local v = rawget(n, "v")
       if n.t == "f" then return cuda_float(v) end
       return string.format("%d", v)
-    elseif op == "var" then return CUDA_VARS[n.x]
+    elseif op == "var" then
+      if pre and n.x == "score" then return "(acc * scale)" end
+      return CUDA_VARS[n.x]
+    elseif pre and op == "mul" and (is_score(n.args[1]) or is_score(n.args[2])) and
+        foldable(cval(n.args[1]) or cval(n.args[2])) then
+      return scaled_score(cval(n.args[1]) or cval(n.args[2]))
+    elseif pre and op == "div" and is_score(n.args[1]) and foldable(cval(n.args[2])) then
+      return scaled_score(1 / cval(n.args[2]))
     elseif C_ARITH[op] then
       return "(" .. E(n.args[1]) .. " " .. C_ARITH[op] .. " " .. E(n.args[2]) .. ")"
     elseif op == "neg" then return "(-" .. E(n.args[1]) .. ")"
@@ -748,7 +765,7 @@ local function gen_cuda(root, caps, uses)
       -- slow path). IEEE division is ~10 instructions with a branch, per score element.
       -- (only where c and 1/c are normal f32 numbers: 2^-126 <= |c| <= 2^126, else __fdividef)
       local c = cval(n.args[2])
-      if c and c == c and math.abs(c) >= 2 ^ -126 and math.abs(c) <= 2 ^ 126 then
+      if foldable(c) then
         return "(" .. EF(n.args[1]) .. " * " .. cuda_float(1 / c) .. ")"
       end
       return "__fdividef(" .. EF(n.args[1]) .. ", " .. EF(n.args[2]) .. ")"
@@ -767,6 +784,7 @@ local function gen_cuda(root, caps, uses)
       return "(" .. E(n.args[1]) .. " ? " .. sa .. " : " .. sb .. ")"
     elseif C_FN[op] then
       if op == "tanh" then uses.tanh = true end
+      uses.mufu = true
       return C_FN[op] .. "(" .. EF(n.args[1]) .. ")"
     elseif op == "abs" then
       if n.t == "f" then return "fabsf(" .. E(n.args[1]) .. ")" end
@@ -809,6 +827,14 @@ local function cuda_prelude(uses)
   if uses.iminmax then
     p[#p + 1] = "static __device__ __forceinline__ int al_v_imin(int a, int b) { return a < b ? a : b; }"
     p[#p + 1] = "static __device__ __forceinline__ int al_v_imax(int a, int b) { return a > b ? a : b; }"
+  end
+  if uses.mufu then
+    -- the expression has its own multi-function-unit operation per score (tanh, exp, log, sqrt) beside the
+    -- softmax's exponential: the Hopper forward then computes every k-th column group's exponentials on
+    -- the FMA pipe (kernels/flash_common.cuh, AL_EX2_FMA_EVERY; docs/PERFORMANCE.md session 10 for k).
+    -- ATTNLAB_VARIANT_EX2_FMA=k sets k (0: off), for measurements.
+    local k = tonumber(os.getenv("ATTNLAB_VARIANT_EX2_FMA") or "") or 8
+    if k > 0 then p[#p + 1] = string.format("#define AL_EX2_FMA_EVERY %d", math.floor(k)) end
   end
   if #p == 0 then return nil end
   return table.concat(p, "\n") .. "\n"
@@ -977,6 +1003,18 @@ function Variant:_generate()
   local score_var = var("score", "f")
   if self.score_root and not rawequal(self.score_root, score_var) then
     self.cuda_score_mod = gen_cuda(self.score_root, caps, uses)
+    -- the folded form: a positive constant factor of the whole expression becomes score_post (the
+    -- kernels fold it into the softmax's exponent), constant factors on score fold into scale.
+    -- ATTNLAB_VARIANT_FOLD=0 leaves it out (A/B measurements: the kernels then use score_mod as is)
+    local r, post = self.score_root, 1
+    if r.op == "mul" then
+      local c1, c2 = cval(r.args[1]), cval(r.args[2])
+      local c = c1 or c2
+      if foldable(c) and c > 0 then post, r = c, c1 and r.args[2] or r.args[1] end
+    end
+    if os.getenv("ATTNLAB_VARIANT_FOLD") ~= "0" then
+      self.cuda_score_pre, self.score_post = gen_cuda(r, caps, uses, true), post
+    end
     if cval(self.dscore) ~= 1 then self.cuda_score_grad = gen_cuda(self.score_grad_root, caps, uses) end
   end
   if self.mask_root then
@@ -1003,14 +1041,17 @@ function Variant:mask_uses(name) return self.mask_root ~= nil and uses_var(self.
 -- The CUDA snippets, for inspection and tests.
 function Variant:source()
   return { score_mod = self.cuda_score_mod, score_grad = self.cuda_score_grad, mask_mod = self.cuda_mask_mod,
-    capture_grad = self.cuda_capture_grad, prelude = self.cuda_prelude }
+    capture_grad = self.cuda_capture_grad, prelude = self.cuda_prelude, score_pre = self.cuda_score_pre,
+    score_post = self.cuda_score_pre and self.score_post or nil }
 end
 
 function Variant:__tostring()
   local s = self:source()
   local parts = { "attention variant" }
-  for _, k in ipairs({ "score_mod", "score_grad", "mask_mod", "capture_grad", "prelude" }) do
-    if s[k] then parts[#parts + 1] = string.format("  %-12s %s", k, ((s[k]:gsub("%s+$", "")):gsub("\n", "\n               "))) end
+  for _, k in ipairs({ "score_mod", "score_pre", "score_post", "score_grad", "mask_mod", "capture_grad", "prelude" }) do
+    if s[k] then
+      parts[#parts + 1] = string.format("  %-12s %s", k, ((tostring(s[k]):gsub("%s+$", "")):gsub("\n", "\n               ")))
+    end
   end
   for _, rec in ipairs(self.captures) do
     parts[#parts + 1] = string.format("  capture %d    %s %s%s", rec.k + 1, rec.tensor:dtype(), rec.shape_str,

@@ -110,8 +110,10 @@ static al_flash_spec spec_of(const al_attn_plan *pl, int kind) {
     else s.mask = AL_FLASH_MASK_WINDOW;
     s.bottom_right = (s.mask != AL_FLASH_MASK_NONE || s.alibi) ? pl->bottom_right : 0;
     const al_attn_variant *v = pl->in.variant;
-    if (v) al_flash_spec_set_variant(&s, v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
-                                     v->block_mask != NULL);
+    if (v) {
+        const al_flash_hooks hk = al_flash_hooks_of(v);
+        al_flash_spec_set_variant(&s, &hk, v->block_mask != NULL);
+    }
     return s;
 }
 
@@ -208,8 +210,8 @@ static al_status variant_functions(int32_t dev, const al_flash_spec *s, int sm90
         *nfns = hit->nfns;
         return AL_OK;
     }
-    char *prefix = al_flash_variant_source(v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
-                                           sm90 >= 2 ? al_flash_sm90_bwd_file()
+    const al_flash_hooks hk = al_flash_hooks_of(v);
+    char *prefix = al_flash_variant_source(&hk, sm90 >= 2 ? al_flash_sm90_bwd_file()
                                            : sm90    ? al_flash_sm90_spec_file()
                                                      : al_flash_spec_file(s));
     if (!prefix) return al_error(AL_ERR_OOM, "out of host memory for a variant's source");
@@ -251,8 +253,8 @@ void al_flash_prefetch(int32_t dev, const al_flash_spec *s, const al_attn_varian
         const int fam = families[i];
         if (s->variant && vc_find(dev, s, fam)) continue;
         if (s->variant) {
-            prefix[np] = al_flash_variant_source(v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
-                                                 fam >= 2 ? al_flash_sm90_bwd_file()
+            const al_flash_hooks hk = al_flash_hooks_of(v);
+            prefix[np] = al_flash_variant_source(&hk, fam >= 2 ? al_flash_sm90_bwd_file()
                                                  : fam    ? al_flash_sm90_spec_file()
                                                           : al_flash_spec_file(s));
             if (!prefix[np]) break;

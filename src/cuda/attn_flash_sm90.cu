@@ -45,8 +45,10 @@ static al_flash_spec sm90_spec(const al_attn_plan *pl) {
     else s.mask = AL_FLASH_MASK_WINDOW;
     s.bottom_right = s.mask != AL_FLASH_MASK_NONE ? pl->bottom_right : 0;
     const al_attn_variant *v = pl->in.variant;
-    if (v) al_flash_spec_set_variant(&s, v->score_mod, v->score_grad, v->mask_mod, v->capture_grad, v->prelude,
-                                     v->block_mask != NULL);
+    if (v) {
+        const al_flash_hooks hk = al_flash_hooks_of(v);
+        al_flash_spec_set_variant(&s, &hk, v->block_mask != NULL);
+    }
     return s;
 }
 

@@ -11,6 +11,21 @@ extern "C" {
 #include <cuda.h>
 #include "cuda/cuda_internal.h"
 #include "../../kernels/flash_params.h"
+#include "cuda/flash_specs.h"
+
+/* A variant's snippets as flash_specs.h takes them (attn_flash.cu and attn_flash_sm90.cu build sources and
+ * identities from them) */
+static inline al_flash_hooks al_flash_hooks_of(const al_attn_variant *v) {
+    al_flash_hooks h;
+    h.score_mod = v->score_mod;
+    h.score_grad = v->score_grad;
+    h.mask_mod = v->mask_mod;
+    h.capture_grad = v->capture_grad;
+    h.prelude = v->prelude;
+    h.score_pre = v->score_pre;
+    h.score_post = v->score_pre ? v->score_post : 0.0;
+    return h;
+}
 
 /* 1 when the sm90 kernel serves this plan; otherwise 0 and why not in why (may be NULL).
  * Serves: an sm_90 device, f16/bf16, d_qk == d_v in {64, 128, 256}, no mask / causal / sliding window

@@ -155,6 +155,29 @@ static void test_validation(void) {
     f.var.prelude = "// a comment is fine in the prelude\n";
     CHECK_OK(al_attn_check(&f.p, &f.in));
     f.var.prelude = NULL;
+
+    /* the folded form: beside score_mod, score_post a finite f32 constant > 0, no // comment */
+    f.var.score_pre = "acc * (scale * 0.5f)";
+    f.var.score_post = 1.0;
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.score_post = 0.0;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_post: expected a finite constant > 0 (an f32 number), given 0");
+    f.var.score_post = -2.0;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "given -2");
+    f.var.score_post = NAN;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_post");
+    f.var.score_post = 1e300;   /* not an f32 number */
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_post");
+    f.var.score_post = 2.0;
+    f.var.score_mod = NULL;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_pre: expected score_mod beside it");
+    f.var.score_mod = "score * 0.5f";
+    f.var.score_pre = "acc * scale // folded";
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_pre: expected no // comment");
+    f.var.score_pre = NULL;
+    f.var.score_post = -1.0;   /* ignored without score_pre */
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.score_post = 0.0;
     char *big = malloc(70000);
     memset(big, '1', 69999);
     big[69999] = 0;
@@ -200,8 +223,9 @@ static void test_backend_choice(void) {
 
 /* ---- generated source and identity ------------------------------------------------------------------- */
 static void test_variant_source(void) {
-    char *src = al_flash_variant_source("score * 2.0f", NULL, "q_idx >= kv_idx\n&& 1", "atomicAdd(AL_CAP_GRAD(0), grad)",
-                                        "static __device__ int f(int x) { return x; }", "flash_fwd.cu");
+    const al_flash_hooks hk = {"score * 2.0f", NULL, "q_idx >= kv_idx\n&& 1", "atomicAdd(AL_CAP_GRAD(0), grad)",
+                               "static __device__ int f(int x) { return x; }", NULL, 0.0};
+    char *src = al_flash_variant_source(&hk, "flash_fwd.cu");
     CHECK(src != NULL, "no source");
     if (!src) return;
     CHECK(strstr(src, "#define AL_VARIANT 1\n") != NULL, "%s", src);
@@ -213,24 +237,47 @@ static void test_variant_source(void) {
           "%s", src);
     CHECK(strstr(src, "static __device__ int f(int x)") < strstr(src, "#define AL_SCORE_MOD"), "the prelude precedes the hooks");
     CHECK(strstr(src, "#line 1 \"flash_fwd.cu\"\n") != NULL, "%s", src);
+    CHECK(strstr(src, "AL_SCORE_PRE") == NULL && strstr(src, "AL_SCORE_POST") == NULL, "no folded form given:\n%s", src);
+    free(src);
+    /* the folded form: AL_SCORE_PRE's macro and AL_SCORE_POST as an f32 literal */
+    const al_flash_hooks hf = {"30.0f * tanhf(score * 0.0333f)", NULL, NULL, NULL, NULL, "tanhf(acc * (scale * 0.0333f))",
+                               30.0};
+    src = al_flash_variant_source(&hf, "flash_fwd.cu");
+    CHECK(src != NULL, "no source");
+    if (!src) return;
+    CHECK(strstr(src, "#define AL_SCORE_PRE(acc, scale, b, h, q_idx, kv_idx) (tanhf(acc * (scale * 0.0333f)))\n") != NULL,
+          "%s", src);
+    CHECK(strstr(src, "#define AL_SCORE_POST 3.000000000e+01f\n") != NULL, "%s", src);
     free(src);
 
-    al_flash_spec a, b, c, d, e;
+    al_flash_spec a, b, c, d, e, f, g, pr;
     memset(&a, 0, sizeof a);
     a.kind = AL_FLASH_FWD;
     a.d = 64;
     a.bf16 = 1;
-    b = c = d = e = a;
-    al_flash_spec_set_variant(&a, "score", NULL, NULL, NULL, NULL, 0);
-    al_flash_spec_set_variant(&b, "score", NULL, NULL, NULL, NULL, 1);
-    al_flash_spec_set_variant(&c, NULL, "score", NULL, NULL, NULL, 0);   /* same text, another hook */
-    al_flash_spec_set_variant(&d, "score", NULL, NULL, NULL, NULL, 0);
-    al_flash_spec_set_variant(&e, "score", "", NULL, NULL, NULL, 0);     /* "" differs from NULL */
+    b = c = d = e = f = g = pr = a;
+    const al_flash_hooks h_score = {"score", NULL, NULL, NULL, NULL, NULL, 0.0},
+                         h_grad = {NULL, "score", NULL, NULL, NULL, NULL, 0.0},   /* same text, another hook */
+                         h_empty = {"score", "", NULL, NULL, NULL, NULL, 0.0},    /* "" differs from NULL */
+                         h_pre2 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 2.0},
+                         h_pre3 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0},
+                         h_pre4 = {"score", NULL, NULL, NULL, NULL, "acc * scale * 1.0f", 3.0};
+    al_flash_spec_set_variant(&a, &h_score, 0);
+    al_flash_spec_set_variant(&b, &h_score, 1);
+    al_flash_spec_set_variant(&c, &h_grad, 0);
+    al_flash_spec_set_variant(&d, &h_score, 0);
+    al_flash_spec_set_variant(&e, &h_empty, 0);
+    al_flash_spec_set_variant(&f, &h_pre2, 0);
+    al_flash_spec_set_variant(&g, &h_pre3, 0);
+    al_flash_spec_set_variant(&pr, &h_pre4, 0);
     CHECK(a.variant == 1 && b.block_mask == 1 && a.block_mask == 0, "flags");
     CHECK(memcmp(&a, &d, sizeof a) == 0, "one variant, one identity");
     CHECK(memcmp(&a, &b, sizeof a) != 0, "the block-mask flag is part of the identity");
     CHECK(a.vhash[0] != c.vhash[0] && a.vhash[1] != c.vhash[1], "hook position is part of the hash");
     CHECK(a.vhash[0] != e.vhash[0], "NULL and \"\" differ");
+    CHECK(a.vhash[0] != f.vhash[0] && f.vhash[0] != g.vhash[0] && f.vhash[1] != g.vhash[1],
+          "score_pre and score_post are part of the hash");
+    CHECK(pr.vhash[0] != g.vhash[0] && pr.vhash[1] != g.vhash[1], "score_pre's text is part of the hash");
     char nm[128];
     al_flash_spec_name(&b, nm, sizeof nm);
     CHECK(strstr(nm, "fwd d64 bf16 nomask variant ") == nm && strstr(nm, " blockmask") != NULL, "name '%s'", nm);
@@ -280,14 +327,16 @@ static void nv_std(nv_job *j, int kind, int sm90, int d, int mask, int block_mas
     j->mask = NV_MASK;
     j->capg = kind == AL_FLASH_BWD ? NV_CAPG : NULL;
     j->prelude = NV_PRELUDE;
-    al_flash_spec_set_variant(&j->spec, j->score, j->grad, j->mask, j->capg, j->prelude, block_mask);
+    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0};
+    al_flash_spec_set_variant(&j->spec, &hk, block_mask);
 }
 
 static void nv_compile_job(nv_job *j, const char *kdir) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", kdir, nv_file(j));
     char *file = test_slurp(path);
-    char *pre = al_flash_variant_source(j->score, j->grad, j->mask, j->capg, j->prelude, nv_file(j));
+    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0};
+    char *pre = al_flash_variant_source(&hk, nv_file(j));
     char *src = file && pre ? malloc(strlen(pre) + strlen(file) + 2) : NULL;
     if (!src) {
         memset(&j->r, 0, sizeof j->r);
@@ -392,8 +441,9 @@ static void case_bwd_spec(const gcase *c, const al_attn_variant *var, int block_
     s->d = c->D;
     s->bf16 = 1;
     s->mask = c->causal ? AL_FLASH_MASK_CAUSAL : AL_FLASH_MASK_NONE;
-    al_flash_spec_set_variant(s, var->score_mod, var->score_grad, var->mask_mod, var->capture_grad, var->prelude,
-                              block_mask);
+    const al_flash_hooks hk = {var->score_mod, var->score_grad, var->mask_mod, var->capture_grad, var->prelude,
+                               var->score_pre, var->score_pre ? var->score_post : 0.0};
+    al_flash_spec_set_variant(s, &hk, block_mask);
 }
 
 static void test_nvrtc_variant_kernels(void) {

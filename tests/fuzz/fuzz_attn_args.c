@@ -163,6 +163,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         var.score_mod = SNIP[fz_int(&in, 0, 4)];
         var.score_grad = fz_u8(&in) & 1 ? SNIP[fz_int(&in, 0, 4)] : NULL;
         var.mask_mod = SNIP[fz_int(&in, 0, 4)];
+        if (fz_u8(&in) > 180) {   /* the folded form: needs score_mod, score_post a finite f32 > 0 */
+            static const double POST[] = {1.0, 30.0, 0.0, -1.0, 1e300};
+            var.score_pre = SNIP[fz_int(&in, 0, 4)];
+            var.score_post = POST[fz_int(&in, 0, 4)];
+        }
         var.ncaptures = fz_u8(&in) < 230 ? (int32_t)fz_int(&in, 0, 3) : fz_i32(&in);
         for (int i = 0; i < 3; i++) {
             int64_t cs = fz_int(&in, 0, 6);

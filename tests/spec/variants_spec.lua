@@ -96,6 +96,35 @@ describe("variants: tracer and code generation", function()
     assert.equal("{ atomicAdd(AL_CAP_GRAD(0) + h, (score * grad)); }", s2.capture_grad)
   end)
 
+  it("writes the folded form: constant factors on score into scale, a positive outer factor as score_post", function()
+    -- soft-capping: tanh(acc * (scale / 30)) * 30, so the kernel spends one FMUL and a tanh per score
+    local s = src({ score_mod = function(score) return 30 * al.tanh(score / 30) end })
+    assert.equal("al_v_tanh((acc * (scale * 0.0333333333f)))", s.score_pre)
+    assert.equal(30, s.score_post)
+    -- a score_mod with its own MUFU operation moves an eighth of the forward's exponentials to the FMA pipe
+    assert.truthy(s.prelude:find("#define AL_EX2_FMA_EVERY 8", 1, true), s.prelude)
+    -- a negative outer factor stays inside (the kernels take the row max before score_post)
+    local s2 = src({ score_mod = function(score) return -2 * score end })
+    assert.equal("(-(acc * (scale * 2.0f)))", s2.score_pre)
+    assert.equal(1, s2.score_post)
+    -- a bare score is acc * scale; other terms are untouched
+    local sl = al.randn({ 4 })
+    local s3 = src({ score_mod = function(score, b, h, q, kv) return score + sl[h] * (kv - q) end })
+    assert.equal("((acc * scale) + (((const float *)AL_CAP(0))[h] * (kv_idx - q_idx)))", s3.score_pre)
+    assert.equal(1, s3.score_post)
+    assert.is_nil(s3.prelude)   -- no MUFU operation of its own: all exponentials stay on the MUFU
+    local s4 = src({ score_mod = function(score, b, h, q, kv) return 2 * al.where(al.gt(q, kv), score, score / 4) end })
+    assert.equal("((q_idx > kv_idx) ? (acc * scale) : (acc * (scale * 0.25f)))", s4.score_pre)
+    assert.equal(2, s4.score_post)
+    -- a constant that cannot fold (1 / 1e-40 is not an f32 number) is left as a division
+    local s5 = src({ score_mod = function(score) return score / 1e-40 end })
+    assert.truthy(s5.score_pre:find("__fdividef((acc * scale), ", 1, true), s5.score_pre)
+    -- no score_mod, no folded form
+    local s6 = src({ mask_mod = function(b, h, q, kv) return al.ge(q, kv) end })
+    assert.is_nil(s6.score_pre)
+    assert.is_nil(s6.score_post)
+  end)
+
   it("where / land / lor / lnot / min / max / sqrt / exp / log / % / ^ generate C", function()
     local s = src({ score_mod = function(score, b, h, q, kv)
       return al.where(al.lor(al.lnot(al.lt(q, kv)), al.eq(q % 2, 0)), al.max(score, -5) ^ 2 + al.sqrt(al.exp(score)),
@@ -576,6 +605,37 @@ describe("variants on the GPU #gpu", function()
       assert(d < 5e-2, k .. ": " .. d)
     end
   end)
+
+  -- f16 kernels take the exact per-lane tanh (al_v_tanh's exp form) where bf16 ones pack two into
+  -- tanh.approx.f16x2; the folded form (score_pre / score_post) and its pair form run in both, and with
+  -- ATTNLAB_VARIANT_FOLD=0 the kernels get score_mod alone (the A/B switch): all against the CPU oracle
+  for _, case in ipairs({ { "f16", nil }, { "bf16", "0" } }) do
+    it("soft-capping in " .. case[1] .. (case[2] and " [ATTNLAB_VARIANT_FOLD=0]" or "") ..
+       ": flash == CPU oracle, forward and backward", function()
+      if not HAS_GPU then pending("no GPU") return end
+      with_env("ATTNLAB_VARIANT_FOLD", case[2], function()
+        al.manual_seed(23)
+        local cap = 5
+        local a = { query_layer = rnd({ 2, 200, 4, 64 }, case[1]), key_layer = rnd({ 2, 200, 4, 64 }, case[1]),
+          value_layer = rnd({ 2, 200, 4, 64 }, case[1]), qkv_format = "bshd", attn_mask_type = "causal",
+          score_mod = function(score) return cap * al.tanh(score / cap) end }
+        local dout = rnd({ 2, 200, 256 }, case[1])
+        local oc, gc, cctx = run(copy(a, { dout = dout }), "cpu")
+        local og, gg, ctx = run(copy(a, { dout = dout, backend = "flash" }), "cuda")
+        assert.equal(case[2] == nil, ctx.cvariant.score_pre ~= nil)
+        local tol = case[1] == "f16" and 5e-3 or 2e-2
+        assert(al.max_abs_diff(og, oc) < tol, "out: " .. al.max_abs_diff(og, oc))
+        -- the LSE (f32 sums of exponentials, an eighth of them al_ex2_fma's): exact tanh in f16 kernels,
+        -- tanh.approx.f32 (2^-11 relative, times the cap) in bf16 ones
+        local dl = al.max_abs_diff(ctx.lse:cpu():to("f64"), cctx.lse:to("f64"))
+        assert(dl < (case[1] == "f16" and 2e-4 or 5e-3), "lse: " .. dl)
+        for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
+          local d = al.max_abs_diff(gg[k]:cpu():to("f64"), gc[k]:to("f64"))
+          assert(d < 5 * tol, k .. ": " .. d)
+        end
+      end)
+    end)
+  end
 
   it("causal via mask_mod + block mask == built-in causal on flash", function()
     if not HAS_GPU then pending("no GPU") return end
