@@ -9,7 +9,8 @@
 -- 4. compile cost: a fresh variant's first call (NVRTC compile, target <= 1 s) and the same variant in
 --    a fresh process (disk-cached cubin load, target <= 10 ms), as first-call minus warm-call times.
 -- Without a usable GPU it says so and exits 0.
--- Usage: luajit bench/variants.lua [--quick]     (--child-compile is the fresh-process half of 4)
+-- Usage: luajit bench/variants.lua [--quick] [--only N ...]   (--child-compile is the fresh-process half of 4)
+-- Each ratio compares configurations timed in interleaved rounds (median of 3; 1 with --quick).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 local clock = require("attnlab.progress").clock
@@ -66,6 +67,10 @@ if flags["--child-compile"] then
 end
 
 local quick = flags["--quick"]
+-- --only N (a section number, repeatable as --only 1 --only 2): run just those sections
+local only = {}
+for i, a in ipairs(arg or {}) do if a == "--only" and arg[i + 1] then only[tonumber(arg[i + 1])] = true end end
+local function section(n) return next(only) == nil or only[n] == true end
 local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 local dev = al.cuda.device_info(0)
 print(string.format("variants bench on %s (sm_%d%d)", dev.name, dev.capability[1], dev.capability[2]))
@@ -78,17 +83,43 @@ local function gpu_time(fn)
   return al.cuda.time(fn, { warmup = 1, iters = iters })
 end
 
--- forward ms and forward+backward ms of one configuration
-local function measure(args)
-  local out, ctx = al.attention.forward(args)
-  local dout = al.randn(out:size(), { dtype = "bf16", device = "cuda" })
-  al.attention.backward(ctx, dout)
+-- forward ms and forward+backward ms of one configuration, one round
+local function measure_once(args, dout)
   local tf = gpu_time(function() al.attention.forward(args) end)
   local tfb = gpu_time(function()
     local _, c = al.attention.forward(args)
     al.attention.backward(c, dout)
   end)
   return tf, math.max(tfb - tf, 1e-6)
+end
+
+local function median(t)
+  table.sort(t)
+  return t[math.floor((#t + 1) / 2)]
+end
+
+-- forward and backward ms of each configuration, measured in interleaved rounds (ABC, CBA, ABC: the GPU's
+-- clocks follow its power and temperature history, so configurations timed minutes apart drift apart),
+-- each the median of its rounds. Returns { {fwd, bwd}, ... } in the order given.
+local ROUNDS = quick and 1 or 3
+local function measure(...)
+  local configs, douts = { ... }, {}
+  for i, args in ipairs(configs) do
+    local out, ctx = al.attention.forward(args)
+    douts[i] = al.randn(out:size(), { dtype = "bf16", device = "cuda" })
+    al.attention.backward(ctx, douts[i])
+  end
+  local f, bw = {}, {}
+  for i = 1, #configs do f[i], bw[i] = {}, {} end
+  for r = 1, ROUNDS do
+    for k = 1, #configs do
+      local i = r % 2 == 1 and k or #configs + 1 - k
+      f[i][r], bw[i][r] = measure_once(configs[i], douts[i])
+    end
+  end
+  local res = {}
+  for i = 1, #configs do res[i] = { median(f[i]), median(bw[i]) } end
+  return res
 end
 
 local function row(name, b, s, flops, tf, tb, rf, rb)
@@ -99,67 +130,76 @@ end
 local H, D = 16, 128
 local BATCHES = quick and { 1 } or { 1, 2, 4 }
 
-print("== 1. soft-capping via score_mod vs the same flash kernel without a hook (target <= 1.15)")
-for _, b in ipairs(BATCHES) do
-  local s = 4096
-  local a = with(inputs(b, H, s, D), { attn_mask_type = "no_mask" })
-  local flops = 4 * b * H * s * s * D
-  local rf, rb = measure(a)
-  local tf, tb = measure(with(a, { score_mod = function(score) return 30 * al.tanh(score / 30) end }))
-  row("plain (reference)", b, s, flops, rf, rb, rf, rb)
-  row("softcap 30 (score_mod)", b, s, flops, tf, tb, rf, rb)
+if section(1) then
+  print("== 1. soft-capping via score_mod vs the same flash kernel without a hook (target <= 1.15)")
+  for _, b in ipairs(BATCHES) do
+    local s = 4096
+    local a = with(inputs(b, H, s, D), { attn_mask_type = "no_mask" })
+    local flops = 4 * b * H * s * s * D
+    local m = measure(a, with(a, { score_mod = function(score) return 30 * al.tanh(score / 30) end }))
+    local rf, rb = m[1][1], m[1][2]
+    row("plain (reference)", b, s, flops, rf, rb, rf, rb)
+    row("softcap 30 (score_mod)", b, s, flops, m[2][1], m[2][2], rf, rb)
+  end
 end
 
-print("== 2. causal via mask_mod + block mask vs built-in causal (target <= 1.10)")
-local causal = function(_, _, q_idx, kv_idx) return al.ge(q_idx, kv_idx) end
-for _, b in ipairs(BATCHES) do
-  local s = 8192
-  local a = inputs(b, H, s, D)
-  local flops = 2 * b * H * s * s * D
-  local rf, rb = measure(with(a, { attn_mask_type = "causal" }))
-  local bm = al.attention.block_mask(causal, 1, 1, s, s, { block = 128 })
-  local tf, tb = measure(with(a, { attn_mask_type = "no_mask", mask_mod = causal, block_mask = bm }))
-  local tf2, tb2 = measure(with(a, { attn_mask_type = "no_mask", mask_mod = causal }))
-  row("built-in causal (reference)", b, s, flops, rf, rb, rf, rb)
-  row("mask_mod causal + block mask", b, s, flops, tf, tb, rf, rb)
-  row("mask_mod causal, no block mask", b, s, flops, tf2, tb2, rf, rb)
+if section(2) then
+  print("== 2. causal via mask_mod + block mask vs built-in causal (target <= 1.10)")
+  local causal = function(_, _, q_idx, kv_idx) return al.ge(q_idx, kv_idx) end
+  for _, b in ipairs(BATCHES) do
+    local s = 8192
+    local a = inputs(b, H, s, D)
+    local flops = 2 * b * H * s * s * D
+    local bm = al.attention.block_mask(causal, 1, 1, s, s, { block = 128 })
+    local m = measure(with(a, { attn_mask_type = "causal" }),
+      with(a, { attn_mask_type = "no_mask", mask_mod = causal, block_mask = bm }),
+      with(a, { attn_mask_type = "no_mask", mask_mod = causal }))
+    local rf, rb = m[1][1], m[1][2]
+    row("built-in causal (reference)", b, s, flops, rf, rb, rf, rb)
+    row("mask_mod causal + block mask", b, s, flops, m[2][1], m[2][2], rf, rb)
+    row("mask_mod causal, no block mask", b, s, flops, m[3][1], m[3][2], rf, rb)
+  end
 end
 
-print("== 3. sliding window 1024 at s = 16384 vs full attention (target: speed-up >= 5)")
-for _, b in ipairs(quick and { 1 } or { 1, 2 }) do
-  local s, W = 16384, 1024
-  local a = with(inputs(b, H, s, D), { attn_mask_type = "no_mask" })
-  local flops = 4 * b * H * s * s * D
-  local win = function(_, _, q_idx, kv_idx) return al.land(al.ge(q_idx, kv_idx), al.le(q_idx - kv_idx, W)) end
-  local t0 = clock()
-  local bm = al.attention.block_mask(win, 1, 1, s, s, { block = 128 })
-  local tbm = clock() - t0
-  local rf, rb = measure(a)
-  local tf, tb = measure(with(a, { mask_mod = win, block_mask = bm }))
-  row("full attention (reference)", b, s, flops, rf, rb, rf, rb)
-  row("sliding window 1024 + block mask", b, s, flops, tf, tb, rf, rb)
-  print(string.format("  speed-up fwd %.2fx bwd %.2fx; %s; block_mask built in %.0f ms",
-    rf / tf, rb / tb, tostring(bm), tbm * 1000))
+if section(3) then
+  print("== 3. sliding window 1024 at s = 16384 vs full attention (target: speed-up >= 5)")
+  for _, b in ipairs(quick and { 1 } or { 1, 2 }) do
+    local s, W = 16384, 1024
+    local a = with(inputs(b, H, s, D), { attn_mask_type = "no_mask" })
+    local flops = 4 * b * H * s * s * D
+    local win = function(_, _, q_idx, kv_idx) return al.land(al.ge(q_idx, kv_idx), al.le(q_idx - kv_idx, W)) end
+    local t0 = clock()
+    local bm = al.attention.block_mask(win, 1, 1, s, s, { block = 128 })
+    local tbm = clock() - t0
+    local m = measure(a, with(a, { mask_mod = win, block_mask = bm }))
+    local rf, rb, tf, tb = m[1][1], m[1][2], m[2][1], m[2][2]
+    row("full attention (reference)", b, s, flops, rf, rb, rf, rb)
+    row("sliding window 1024 + block mask", b, s, flops, tf, tb, rf, rb)
+    print(string.format("  speed-up fwd %.2fx bwd %.2fx; %s; block_mask built in %.0f ms",
+      rf / tf, rb / tb, tostring(bm), tbm * 1000))
+  end
 end
 
-print("== 4. compile cost of a new variant (targets: NVRTC compile <= 1 s, cached load <= 10 ms)")
-do
-  local tag = math.floor((os.time() % 100000) + clock() * 1000) % 100000
-  local a = with(inputs(1, 16, 1024, 128), { attn_mask_type = "no_mask" })
-  al.attention.forward(a)
-  local first, warm = call_times(with(a, { score_mod = fresh_softcap(tag) }))
-  print(string.format("  this process: first call %.1f ms, warm call %.2f ms -> compile ~%.1f ms", first * 1000,
-    warm * 1000, (first - warm) * 1000))
-  local exe = arg and arg[-1] or "luajit"
-  local p = io.popen("ATTNLAB_VARIANT_TAG=" .. tag .. " " .. exe .. " bench/variants.lua --child-compile 2>&1")
-  local outp = p:read("*a")
-  p:close()
-  local f2, w2 = outp:match("CHILD ([%d%.]+) ([%d%.]+)")
-  if f2 then
-    f2, w2 = tonumber(f2), tonumber(w2)
-    print(string.format("  fresh process: first call %.2f ms, warm call %.2f ms -> cached load ~%.2f ms", f2 * 1000,
-      w2 * 1000, (f2 - w2) * 1000))
-  else
-    print("  fresh process: no result: " .. outp)
+if section(4) then
+  print("== 4. compile cost of a new variant (targets: NVRTC compile <= 1 s, cached load <= 10 ms)")
+  do
+    local tag = math.floor((os.time() % 100000) + clock() * 1000) % 100000
+    local a = with(inputs(1, 16, 1024, 128), { attn_mask_type = "no_mask" })
+    al.attention.forward(a)
+    local first, warm = call_times(with(a, { score_mod = fresh_softcap(tag) }))
+    print(string.format("  this process: first call %.1f ms, warm call %.2f ms -> compile ~%.1f ms", first * 1000,
+      warm * 1000, (first - warm) * 1000))
+    local exe = arg and arg[-1] or "luajit"
+    local p = io.popen("ATTNLAB_VARIANT_TAG=" .. tag .. " " .. exe .. " bench/variants.lua --child-compile 2>&1")
+    local outp = p:read("*a")
+    p:close()
+    local f2, w2 = outp:match("CHILD ([%d%.]+) ([%d%.]+)")
+    if f2 then
+      f2, w2 = tonumber(f2), tonumber(w2)
+      print(string.format("  fresh process: first call %.2f ms, warm call %.2f ms -> cached load ~%.2f ms", f2 * 1000,
+        w2 * 1000, (f2 - w2) * 1000))
+    else
+      print("  fresh process: no result: " .. outp)
+    end
   end
 end
