@@ -36,8 +36,9 @@ enum { FAM_STAGE1 = 0, FAM_SM90_FWD = 1, FAM_SM90_BWD_DKDV = 2, FAM_SM90_BWD_DQ 
 
 typedef nvrtc_result result;
 
-/* Variant specialisations of the Hopper backward compiled here: (what, score_mod, score_grad, mask_mod,
- * capture_grad, d, mask kind, block mask), each for both kernels. Captures: 0 = i32 document ids
+/* Variant specialisations of the Hopper kernels compiled here: (what, score_mod, score_grad, mask_mod,
+ * capture_grad, d, mask kind, block mask, score_pre, score_post, prelude), each for both backward kernels,
+ * and for the Hopper forward too where a folded form (score_pre) is given. Captures: 0 = i32 document ids
  * [2, 4096], 1 = f32 relative bias [16, 8191]. */
 typedef struct bwd_variant {
     const char *what, *score, *grad, *mask, *capg;
