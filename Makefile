@@ -106,7 +106,13 @@ $(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
 .PHONY: tests
 tests: all $(C_TESTS)
 
-test: all $(C_TESTS)
+# The CUDA snippets lua/attnlab/variants.lua generates for the example variants, which test_nvrtc_kernels
+# compiles with NVRTC (no GPU needed), so CI catches generated code that no longer compiles.
+$(BUILD)/variant_snippets.txt: all tests/c/variant_snippets.lua lua/attnlab/variants.lua examples/variants.lua
+	@mkdir -p $(BUILD)
+	@env $(LUA_ENV) luajit tests/c/variant_snippets.lua > $@.tmp && mv -f $@.tmp $@
+
+test: all $(C_TESTS) $(BUILD)/variant_snippets.txt
 	@mkdir -p $(BUILD)
 	@rm -f $(BUILD)/test.log
 	@for t in $(C_TESTS); do sh scripts/tally.sh run $(BUILD)/test.log $$t; done; true

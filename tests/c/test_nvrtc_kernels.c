@@ -72,6 +72,66 @@ static const bwd_variant g_bwd_variants[] = {
 };
 #define N_BWD_VARIANTS ((int)(sizeof g_bwd_variants / sizeof g_bwd_variants[0]))
 
+/* ---- the generated snippets of the example variants (tests/c/variant_snippets.lua) ---------------- */
+/* One variant as lua/attnlab/variants.lua writes it; the strings point into the file's text. */
+typedef struct gen_variant {
+    char name[64];
+    int block_mask;
+    al_flash_hooks hk;
+} gen_variant;
+
+/* Parses the file tests/c/variant_snippets.lua writes ("variant NAME BM", "KEY LEN" + LEN bytes + "\n", "end");
+ * returns the number of variants (at most max), or -1 with why set when the text is malformed. text is
+ * modified in place (each snippet NUL-terminated). */
+static int parse_gen_variants(char *text, gen_variant *out, int max, char *why, size_t nwhy) {
+    int n = 0;
+    char *c = text;
+    while (*c) {
+        char name[64];
+        int bm = 0, used = 0;
+        if (sscanf(c, "variant %63s %d%n", name, &bm, &used) != 2 || n >= max) {
+            snprintf(why, nwhy, "expected \"variant NAME BLOCK_MASK\" (at most %d), found \"%.40s\"", max, c);
+            return -1;
+        }
+        gen_variant *v = &out[n++];
+        memset(v, 0, sizeof *v);
+        snprintf(v->name, sizeof v->name, "%s", name);
+        v->block_mask = bm;
+        c = strchr(c, '\n');
+        if (!c) break;
+        c++;
+        while (strncmp(c, "end\n", 4) != 0) {
+            char key[32];
+            long len = -1;
+            if (sscanf(c, "%31s %ld%n", key, &len, &used) != 2 || len < 0) {
+                snprintf(why, nwhy, "variant %s: expected \"KEY LENGTH\", found \"%.40s\"", name, c);
+                return -1;
+            }
+            c = strchr(c, '\n');
+            if (!c || (long)strlen(c + 1) < len + 1) {
+                snprintf(why, nwhy, "variant %s: %s is cut short", name, key);
+                return -1;
+            }
+            char *val = c + 1;
+            val[len] = 0;
+            c = val + len + 1;
+            if (!strcmp(key, "score_mod")) v->hk.score_mod = val;
+            else if (!strcmp(key, "score_grad")) v->hk.score_grad = val;
+            else if (!strcmp(key, "mask_mod")) v->hk.mask_mod = val;
+            else if (!strcmp(key, "capture_grad")) v->hk.capture_grad = val;
+            else if (!strcmp(key, "prelude")) v->hk.prelude = val;
+            else if (!strcmp(key, "score_pre")) v->hk.score_pre = val;
+            else if (!strcmp(key, "score_post")) v->hk.score_post = atof(val);
+            else {
+                snprintf(why, nwhy, "variant %s: unknown key %s", name, key);
+                return -1;
+            }
+        }
+        c += 4;
+    }
+    return n;
+}
+
 /* the kernel names a specialisation's module must hold */
 static int job_functions(const al_flash_spec *s, int fam, const char **names) {
     if (fam == FAM_SM90_FWD) {
@@ -146,15 +206,40 @@ int main(void) {
     if (t_current_failed) { t_failed++; return SUMMARY("nvrtc_kernels"); }
     t_passed++;
 
+    /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
+     * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal), the Hopper
+     * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
+    enum { MAX_GEN = 16, JOBS_PER_GEN = 6 };
+    static gen_variant gen[MAX_GEN];
+    int ngen = 0;
+    const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
+    if (!gpath || !*gpath) gpath = "build/variant_snippets.txt";
+    char *gtext = test_slurp(gpath);
+    t_current = "generated variant snippets";
+    t_current_failed = 0;
+    if (!gtext) {
+        printf("nvrtc_kernels: %s not found (make test writes it with tests/c/variant_snippets.lua): the generated "
+               "variants are not compiled\n", gpath);
+    } else {
+        char gwhy[200];
+        ngen = parse_gen_variants(gtext, gen, MAX_GEN, gwhy, sizeof gwhy);
+        CHECK(ngen > 0, "%s: %s", gpath, ngen < 0 ? gwhy : "no variant in it");
+        if (ngen < 0) ngen = 0;
+        if (t_current_failed) t_failed++;
+        else t_passed++;
+    }
+
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
     const int nspec = al_flash_spec_count(),
-              n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 3 * N_BWD_VARIANTS;
+              n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 3 * N_BWD_VARIANTS +
+                       JOBS_PER_GEN * ngen;
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
     const char **archs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *archs);
     int *sm90 = calloc((size_t)(nspec * 2 + n_sm90), sizeof *sm90);
     char **prefix = calloc((size_t)(nspec * 2 + n_sm90), sizeof *prefix);   /* variant sources, NULL = none */
     const char **what = calloc((size_t)(nspec * 2 + n_sm90), sizeof *what);
+    char *generated = calloc((size_t)(nspec * 2 + n_sm90), 1);   /* 1: a job of the snippets file */
     const char *only = getenv("ATTNLAB_NVRTC_TEST_ONLY");   /* a name substring, e.g. "fwd d128 bf16" */
     char nm[96];
     for (int i = 0; i < nspec; i++) {
@@ -209,6 +294,33 @@ int main(void) {
             sm90[njobs] = fam;
             archs[njobs++] = "sm_90a";
         }
+    for (int i = 0; i < ngen; i++) {
+        static const struct { int fam, kind, d, bf16, mask; } J[JOBS_PER_GEN] = {
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL},
+            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL},
+            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE},
+            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE}};
+        for (int k = 0; k < JOBS_PER_GEN; k++) {
+            al_flash_spec *sp = &specs[njobs];
+            memset(sp, 0, sizeof *sp);
+            sp->kind = J[k].kind;
+            sp->d = J[k].d;
+            sp->bf16 = J[k].bf16;
+            sp->mask = J[k].mask;
+            al_flash_spec_set_variant(sp, &gen[i].hk, gen[i].block_mask);
+            job_name(sp, J[k].fam, nm, sizeof nm);
+            if (only && *only && !strstr(nm, only)) continue;
+            prefix[njobs] = al_flash_variant_source(&gen[i].hk, J[k].fam == FAM_SM90_FWD ? al_flash_sm90_spec_file()
+                                                              : J[k].fam >= FAM_SM90_BWD_DKDV ? al_flash_sm90_bwd_file()
+                                                                                             : al_flash_spec_file(sp));
+            what[njobs] = gen[i].name;
+            generated[njobs] = 1;
+            sm90[njobs] = J[k].fam;
+            archs[njobs++] = "sm_90a";
+        }
+    }
     result *res = calloc((size_t)njobs, sizeof *res);
     int n90 = 0, nh = 0;
     for (int j = 0; j < njobs; j++) n90 += strcmp(archs[j], "sm_90a") == 0 && !sm90[j], nh += sm90[j] != 0;
@@ -239,7 +351,11 @@ int main(void) {
             /* d <= 128 forward: no spills (checked); d = 256 (O alone is 128 registers a thread) spills up to
              * ~20 bytes in the window variants, and the backward spills tens of bytes: printed above */
             if (sm90[j]) {
-                CHECK(r->spill[0] == 0, "the Hopper kernel spills %d bytes (registers: %d)", r->spill[0], r->regs[0]);
+                /* the generated example variants (what = a name from the snippets file) may spill a little:
+                 * their f16 forward with every hook at once (exact f16 tanh, two captures, mask_mod) spills 8 */
+                const int allowed = generated[j] && !specs[j].bf16 ? 16 : 0;
+                CHECK(r->spill[0] <= allowed, "the Hopper kernel spills %d bytes (registers: %d; allowed %d)", r->spill[0],
+                      r->regs[0], allowed);
                 /* C7518: a wgmma under a branch made ptxas serialise all of them (30% of the forward, session 5) */
                 CHECK(!r->serialized, "ptxas serialised the Hopper kernel's wgmma (its C75xx \"wgmma.mma_async instructions are serialized\" warning)");
             }
@@ -251,9 +367,11 @@ int main(void) {
     }
     printf("nvrtc_kernels: %d compiles in %.1f s wall\n", njobs, total / 1e3);
     for (int k = 0; k < 4; k++) free(g_src[k]);
+    free(gtext);
     for (int j = 0; j < njobs; j++) free(prefix[j]);
     free(prefix);
     free(what);
+    free(generated);
     free(sm90);
     free(specs);
     free(archs);

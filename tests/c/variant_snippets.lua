@@ -1,0 +1,39 @@
+-- tests/c/variant_snippets.lua — writes the CUDA snippets that lua/attnlab/variants.lua generates for the
+-- example variants (examples/variants.lua) to stdout, for build/tests/test_nvrtc_kernels to compile with
+-- NVRTC on a machine without a GPU: CI then catches generated code that no longer compiles, not only the
+-- hand-written hooks. `make test` writes $(BUILD)/variant_snippets.txt with it before the C tests run.
+-- Format, per variant: "variant NAME BLOCK_MASK\n", then per snippet given "KEY LENGTH\n" + LENGTH bytes
+-- + "\n" (KEY: score_mod score_grad mask_mod capture_grad prelude score_pre score_post), then "end\n".
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local al = require "attnlab"
+_G.al = al
+_G.VARIANTS_EXAMPLE_LIB = true
+local make = dofile("examples/variants.lua")
+_G.VARIANTS_EXAMPLE_LIB = nil
+
+local EX = make(200, 4, 2)
+local KEYS = { "score_mod", "score_grad", "mask_mod", "capture_grad", "prelude", "score_pre", "score_post" }
+local function emit(name, score_mod, mask_mod, block_mask)
+  local s = al.attention.variant({ score_mod = score_mod, mask_mod = mask_mod }):source()
+  io.write(string.format("variant %s %d\n", name, block_mask and 1 or 0))
+  for _, k in ipairs(KEYS) do
+    local v = s[k]
+    if v ~= nil then
+      v = type(v) == "number" and string.format("%.17g", v) or v
+      io.write(string.format("%s %d\n", k, #v), v, "\n")
+    end
+  end
+  io.write("end\n")
+end
+
+local names = {}
+for name in pairs(EX) do names[#names + 1] = name end
+table.sort(names)
+for _, name in ipairs(names) do
+  local x = EX[name]
+  emit(name, x.score_mod, x.mask_mod, x.mask_mod ~= nil)
+end
+-- every hook at once: soft-capping plus the relative bias (a parameter) under the document mask
+local soft, rel, doc = EX.softcap.score_mod, EX.relative_bias.score_mod, EX.document.mask_mod
+emit("softcap+relative_bias+document", function(score, b, h, q, kv) return soft(rel(score, b, h, q, kv)) end,
+  doc, true)
