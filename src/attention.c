@@ -320,9 +320,8 @@ static al_status check_variant(al_attn_plan *pl) {
     if (v->score_pre && !v->score_mod)
         return al_error(AL_ERR_ARG, "attention: variant.score_pre: expected score_mod beside it (the same function in "
                         "terms of score), given score_pre alone");
-    /* the kernels multiply score_post by log2(e) in f32: that product must be a finite f32 > 0 too */
-    if (v->score_pre && !(isfinite(v->score_post) && v->score_post > 0 && (float)v->score_post > 0 &&
-                          isfinite((float)(v->score_post * 1.4426950408889634))))
+    /* an f32 > 0 whose product with log2(e) (the kernels' exponent multiplier) is finite in f32; NaN fails */
+    if (v->score_pre && !((float)v->score_post > 0 && isfinite((float)(v->score_post * 1.4426950408889634))))
         return al_error(AL_ERR_ARG, "attention: variant.score_post: expected a finite constant > 0 (an f32 number), "
                         "given %g", v->score_post);
     if (v->ncaptures < 0 || v->ncaptures > AL_ATTN_VARIANT_MAX_CAPTURES)

@@ -36,39 +36,26 @@ enum { FAM_STAGE1 = 0, FAM_SM90_FWD = 1, FAM_SM90_BWD_DKDV = 2, FAM_SM90_BWD_DQ 
 
 typedef nvrtc_result result;
 
-/* Variant specialisations of the Hopper kernels compiled here: (what, score_mod, score_grad, mask_mod,
- * capture_grad, d, mask kind, block mask, score_pre, score_post, prelude), each for both backward kernels,
- * and for the Hopper forward too where a folded form (score_pre) is given. Captures: 0 = i32 document ids
- * [2, 4096], 1 = f32 relative bias [16, 8191]. */
+/* Variant specialisations of the Hopper backward compiled here: (what, score_mod, score_grad, mask_mod,
+ * capture_grad, d, mask kind, block mask), each for both kernels. Captures: 0 = i32 document ids
+ * [2, 4096], 1 = f32 relative bias [16, 8191]. (The folded forms and the prelude's helpers come from
+ * variants.lua itself: the generated snippets below.) */
 typedef struct bwd_variant {
     const char *what, *score, *grad, *mask, *capg;
     int d, mask_kind, block_mask;
-    const char *pre;   /* the folded form (AL_SCORE_PRE) of score, or NULL */
-    double post;
-    const char *prelude;   /* or NULL */
 } bwd_variant;
 #define BV_SOFTCAP "30.0f * tanhf(score * (1.0f / 30.0f))"
 #define BV_SOFTCAP_GRAD "grad * (1.0f - tanhf(score * (1.0f / 30.0f)) * tanhf(score * (1.0f / 30.0f)))"
 #define BV_DOC "((const int *)AL_CAP(0))[b * 4096 + q_idx] == ((const int *)AL_CAP(0))[b * 4096 + kv_idx]"
 #define BV_REL "score + ((const float *)AL_CAP(1))[h * 8191 + (kv_idx - q_idx + 4095)]"
 #define BV_REL_CAPG "atomicAdd(AL_CAP_GRAD(1) + h * 8191 + (kv_idx - q_idx + 4095), grad)"
-#define BV_SOFTCAP_PRE "tanhf((acc * (scale * 3.33333351e-02f)))"
-/* what lua/attnlab/variants.lua's prelude adds for a score_mod with a tanh: an eighth of the forward's
- * exponentials on the FMA pipe */
-#define BV_EX2_FMA_PRELUDE "#define AL_EX2_FMA_EVERY 8\n"
 static const bwd_variant g_bwd_variants[] = {
-    {"softcap score_mod + score_grad", BV_SOFTCAP, BV_SOFTCAP_GRAD, NULL, NULL, 128, AL_FLASH_MASK_CAUSAL, 0, NULL, 0, NULL},
-    {"softcap score_mod + score_grad", BV_SOFTCAP, BV_SOFTCAP_GRAD, NULL, NULL, 64, AL_FLASH_MASK_NONE, 0, NULL, 0, NULL},
-    {"document mask_mod + block mask", NULL, NULL, BV_DOC, NULL, 128, AL_FLASH_MASK_NONE, 1, NULL, 0, NULL},
-    {"relative bias + capture grad", BV_REL, NULL, NULL, BV_REL_CAPG, 128, AL_FLASH_MASK_NONE, 0, NULL, 0, NULL},
+    {"softcap score_mod + score_grad", BV_SOFTCAP, BV_SOFTCAP_GRAD, NULL, NULL, 128, AL_FLASH_MASK_CAUSAL, 0},
+    {"softcap score_mod + score_grad", BV_SOFTCAP, BV_SOFTCAP_GRAD, NULL, NULL, 64, AL_FLASH_MASK_NONE, 0},
+    {"document mask_mod + block mask", NULL, NULL, BV_DOC, NULL, 128, AL_FLASH_MASK_NONE, 1},
+    {"relative bias + capture grad", BV_REL, NULL, NULL, BV_REL_CAPG, 128, AL_FLASH_MASK_NONE, 0},
     {"every hook + block mask", BV_SOFTCAP " + ((const float *)AL_CAP(1))[h * 8191 + (kv_idx - q_idx + 4095)]",
-     BV_SOFTCAP_GRAD, BV_DOC, BV_REL_CAPG, 128, AL_FLASH_MASK_CAUSAL, 1, NULL, 0, NULL},
-    {"softcap folded (score_pre)", BV_SOFTCAP, BV_SOFTCAP_GRAD, NULL, NULL, 128, AL_FLASH_MASK_NONE, 0,
-     BV_SOFTCAP_PRE, 30.0, NULL},
-    {"softcap folded, FMA-pipe exponentials", BV_SOFTCAP, BV_SOFTCAP_GRAD, NULL, NULL, 128, AL_FLASH_MASK_NONE, 0,
-     BV_SOFTCAP_PRE, 30.0, BV_EX2_FMA_PRELUDE},
-    {"softcap folded, FMA-pipe exponentials + block mask", BV_SOFTCAP, BV_SOFTCAP_GRAD, BV_DOC, NULL, 64,
-     AL_FLASH_MASK_CAUSAL, 1, BV_SOFTCAP_PRE, 30.0, BV_EX2_FMA_PRELUDE},
+     BV_SOFTCAP_GRAD, BV_DOC, BV_REL_CAPG, 128, AL_FLASH_MASK_CAUSAL, 1},
 };
 #define N_BWD_VARIANTS ((int)(sizeof g_bwd_variants / sizeof g_bwd_variants[0]))
 
@@ -88,8 +75,8 @@ static int parse_gen_variants(char *text, gen_variant *out, int max, char *why, 
     char *c = text;
     while (*c) {
         char name[64];
-        int bm = 0, used = 0;
-        if (sscanf(c, "variant %63s %d%n", name, &bm, &used) != 2 || n >= max) {
+        int bm = 0;
+        if (sscanf(c, "variant %63s %d", name, &bm) != 2 || n >= max) {
             snprintf(why, nwhy, "expected \"variant NAME BLOCK_MASK\" (at most %d), found \"%.40s\"", max, c);
             return -1;
         }
@@ -103,7 +90,7 @@ static int parse_gen_variants(char *text, gen_variant *out, int max, char *why, 
         while (strncmp(c, "end\n", 4) != 0) {
             char key[32];
             long len = -1;
-            if (sscanf(c, "%31s %ld%n", key, &len, &used) != 2 || len < 0) {
+            if (sscanf(c, "%31s %ld", key, &len) != 2 || len < 0) {
                 snprintf(why, nwhy, "variant %s: expected \"KEY LENGTH\", found \"%.40s\"", name, c);
                 return -1;
             }
@@ -231,7 +218,7 @@ int main(void) {
 
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
     const int nspec = al_flash_spec_count(),
-              n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 3 * N_BWD_VARIANTS +
+              n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS +
                        JOBS_PER_GEN * ngen;
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
@@ -273,25 +260,22 @@ int main(void) {
         sm90[njobs] = FAM_SM90_BWD_DKDV + role;
         archs[njobs++] = "sm_90a";
     }
-    /* the variants: the Hopper backward's two kernels each, and the Hopper forward for the folded forms */
     for (int i = 0; i < N_BWD_VARIANTS; i++)
-        for (int fam = FAM_SM90_FWD; fam <= FAM_SM90_BWD_DKDV + 1; fam++) {
+        for (int role = 0; role < 2; role++) {
             const bwd_variant *v = &g_bwd_variants[i];
-            if (fam == FAM_SM90_FWD && !v->pre) continue;
-            const al_flash_hooks hk = {v->score, v->grad, v->mask, v->capg, v->prelude, v->pre, v->post};
+            const al_flash_hooks hk = {v->score, v->grad, v->mask, v->capg, NULL, NULL, 0.0};
             al_flash_spec *sp = &specs[njobs];
             memset(sp, 0, sizeof *sp);
-            sp->kind = fam == FAM_SM90_FWD ? AL_FLASH_FWD : AL_FLASH_BWD;
+            sp->kind = AL_FLASH_BWD;
             sp->d = v->d;
             sp->bf16 = 1;
             sp->mask = v->mask_kind;
             al_flash_spec_set_variant(sp, &hk, v->block_mask);
-            job_name(sp, fam, nm, sizeof nm);
+            al_flash_sm90_bwd_name(sp, role, nm, sizeof nm);
             if (only && *only && !strstr(nm, only)) continue;
-            prefix[njobs] = al_flash_variant_source(&hk, fam == FAM_SM90_FWD ? al_flash_sm90_spec_file()
-                                                                             : al_flash_sm90_bwd_file());
+            prefix[njobs] = al_flash_variant_source(&hk, al_flash_sm90_bwd_file());
             what[njobs] = v->what;
-            sm90[njobs] = fam;
+            sm90[njobs] = FAM_SM90_BWD_DKDV + role;
             archs[njobs++] = "sm_90a";
         }
     for (int i = 0; i < ngen; i++) {
