@@ -14,8 +14,9 @@
  *   block_m % BM == 0 and block_n % BN == 0, so a tile lies in one block). score_mod turns each score
  *   into the hook's value before its constant factor, the max is taken on those, and the factor times
  *   log2 e is the exponent's multiplier (in place of the folded scale * log2 e); mask_mod masks every
- *   tile that is not a full (2) block; 0 blocks are neither loaded nor computed: warp 0 first compacts the Q block's row of the block mask into a list of non-empty
- *   tiles in shared memory (at most AL_SM90_BM_LIST), which the producer and the consumers walk.
+ *   tile that is not a full (2) block; 0 blocks are neither loaded nor computed: warp 0 first compacts
+ *   the Q block's row of the block mask into a list of non-empty tiles in shared memory (at most
+ *   AL_SM90_BM_LIST), which the producer and the consumers walk.
  *   Not here (the host sends it to kernels/flash_fwd.cu): ALiBi.
  * Check / bench: tests/cuda/flash_sm90_check.cu (against the stage-1 kernel and a naive reference).
  *
