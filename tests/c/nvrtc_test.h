@@ -101,6 +101,8 @@ typedef struct nvrtc_result {
     int regs[4], spill[4];
     int serialized;   /* ptxas C7515/C7518...: "wgmma.mma_async instructions are serialized" (e.g. a wgmma under a branch) */
     char msg[2048];
+    char *cubin;      /* kept (malloc'd, the caller frees) only when $ATTNLAB_NVRTC_DUMP names a folder */
+    size_t cubin_n;
 } nvrtc_result;
 
 /* The ptxas report of one function: "Compiling entry function 'NAME'" ... "N bytes spill stores" ...
@@ -206,6 +208,12 @@ static void nvrtc_compile_source(const nvrtc_api *nv, const char *src, const cha
             for (int i = 0; i < nf; i++) r->names_found &= nvrtc_memfind(cub, cn, names[i]);
         } else {
             snprintf(r->msg, sizeof r->msg, "no cubin");
+        }
+        const char *dump = getenv("ATTNLAB_NVRTC_DUMP");
+        if (r->ok && dump && *dump) {
+            r->cubin = cub;
+            r->cubin_n = cn;
+            cub = NULL;
         }
         free(cub);
     }

@@ -19,7 +19,9 @@
  * kernels each, the hooks written as variants.lua writes them) are compiled too, and must not spill.
  * Kernel folder: $ATTNLAB_KERNEL_DIR, else ./kernels (make test runs from the repository root).
  * Specialisations compile in parallel (OpenMP threads; OMP_NUM_THREADS caps them);
- * ATTNLAB_NVRTC_TEST_ONLY="fwd d128" keeps the specialisations whose name contains the text.
+ * ATTNLAB_NVRTC_TEST_ONLY="fwd d128" keeps the specialisations whose name contains the text;
+ * ATTNLAB_NVRTC_DUMP=DIR writes each cubin to DIR/<job name>.cubin (spaces as _), for reading the SASS
+ * without a GPU (scripts/sass.sh does that and disassembles them; docs/FLASH.md, "Reading the SASS").
  */
 #include "test_main.h"
 #include "cuda/flash_specs.h"
@@ -136,6 +138,19 @@ static void job_name(const al_flash_spec *s, int fam, char *buf, size_t n) {
     if (fam == FAM_SM90_FWD) al_flash_sm90_spec_name(s, buf, n);
     else if (fam >= FAM_SM90_BWD_DKDV) al_flash_sm90_bwd_name(s, fam - FAM_SM90_BWD_DKDV, buf, n);
     else al_flash_spec_name(s, buf, n);
+}
+
+/* $ATTNLAB_NVRTC_DUMP/<name>_<arch>.cubin, the name's spaces and slashes as '_'; a write that fails is a
+ * failure of the job */
+static void dump_cubin(const char *name, const char *arch, const char *cub, size_t n) {
+    char path[1400];
+    int k = snprintf(path, sizeof path, "%s/", getenv("ATTNLAB_NVRTC_DUMP"));
+    for (const char *c = name; *c && k < (int)sizeof path - 40; c++) path[k++] = (*c == ' ' || *c == '/') ? '_' : *c;
+    snprintf(path + k, sizeof path - k, "_%s.cubin", arch);
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(cub, 1, n, f) == n;
+    if (f && fclose(f) != 0) ok = 0;
+    CHECK(ok, "ATTNLAB_NVRTC_DUMP: could not write %s", path);
 }
 
 /* prefix: a variant's generated source (compiled as nvrtc_cache.cu does: prefix, a newline, the file), or NULL */
@@ -346,6 +361,7 @@ int main(void) {
             else if (specs[j].kind == AL_FLASH_FWD && specs[j].d <= 128)
                 CHECK(r->spill[0] == 0, "the forward kernel spills %d bytes (registers: %d)", r->spill[0], r->regs[0]);
         }
+        if (r->cubin) dump_cubin(name, archs[j], r->cubin, r->cubin_n);
         if (t_current_failed) t_failed++;
         else t_passed++;
     }
@@ -359,6 +375,7 @@ int main(void) {
     free(sm90);
     free(specs);
     free(archs);
+    for (int j = 0; j < njobs; j++) free(res[j].cubin);
     free(res);
     return SUMMARY("nvrtc_kernels");
 }
