@@ -9,6 +9,8 @@
  *   AL_MASK_KIND 0 none | 1 causal | 2 window (runtime wl, wr); AL_BOTTOM_RIGHT 0 | 1
  *   AL_SM90_BN (key rows per tile: 64 or 128), AL_SM90_STAGES (K/V smem stages),
  *   AL_SM90_CONSUMERS (consumer warpgroups, 64 query rows each; BM = 64 * CONSUMERS)
+ *   AL_SM90_LATE_WAIT 0 | 1: opt-in, not yet timed on a GPU: o rescaled before O += P V is issued and the
+ *   wait for that product kept below the softmax (ptxas hoisted it above; docs/FLASH.md, "Reading the SASS")
  *   Variants: AL_SCORE_MOD (or its folded form AL_SCORE_PRE / AL_SCORE_POST) / AL_MASK_MOD / AL_VARIANT /
  *   AL_BLOCK_MASK / AL_EX2_FMA_EVERY as in kernels/flash_common.cuh (the forward's hooks; the host needs
  *   block_m % BM == 0 and block_n % BN == 0, so a tile lies in one block). score_mod turns each score
@@ -66,6 +68,9 @@
 #ifndef AL_SM90_PIPE   /* d = 256: P(j-1) live beside O's 128 registers and S spilled 16 bytes */
 #define AL_SM90_PIPE (AL_HEAD_DIM <= 128)
 #endif
+#ifndef AL_SM90_LATE_WAIT   /* see the header; off: the schedule measured in sessions 5-10 */
+#define AL_SM90_LATE_WAIT 0
+#endif
 #ifndef AL_SM90_PINGPONG
 #define AL_SM90_PINGPONG (AL_SM90_CONSUMERS == 2)
 #endif
@@ -87,6 +92,7 @@ constexpr int PRODUCER_REGS = 64;
 constexpr int CONSUMER_REGS = 216;
 constexpr bool PIPE = AL_SM90_PIPE;           /* S(j+1) and O += P(j) V(j) issued together */
 constexpr bool PINGPONG = AL_SM90_PINGPONG;   /* the two consumers alternate on the tensor cores */
+constexpr bool LATE_WAIT = AL_SM90_LATE_WAIT; /* PIPE: the O(j-1) wait kept below the softmax */
 static_assert(!PINGPONG || NC == 2, "ping-pong needs exactly two consumer warpgroups");
 static_assert(BN == 64 || BN == 128, "BLOCK_N is 64 or 128");
 static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128, 256");
@@ -371,9 +377,9 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             l_run[1] += sc[t * 4 + 2] + sc[t * 4 + 3];
         }
     };
-    /* o rescaled by the new tile's correction (only once O(j-1) retired: the product writes o
-     * asynchronously), P(j) packed into pa */
-    auto rescale_pack = [&]() {
+    /* o rescaled by the last softmax's correction (not while an O product is in flight: it writes o
+     * asynchronously) */
+    auto rescale = [&]() {
 #pragma unroll
         for (int t = 0; t < D / 8; t++) {
             o[t * 4 + 0] *= corr[0];
@@ -381,6 +387,9 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             o[t * 4 + 2] *= corr[1];
             o[t * 4 + 3] *= corr[1];
         }
+    };
+    /* P(j) packed into pa (once O(j-1), which reads pa, retired) */
+    auto pack = [&]() {
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
             pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(sc[t * 4 + 0], sc[t * 4 + 1]);   /* row r0, k = 8 (t & 1) + 2 tq */
@@ -404,11 +413,13 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         if (PINGPONG) al_named_arrive(2 - cw, 256);
         al_wg_wait<0>();
         softmax(0);
-        rescale_pack();
+        rescale();                               /* o is still 0 */
+        pack();
         for (int j = 1; j < nblk; j++) {
             if (PINGPONG) al_named_sync(1 + cw, 256);
             if (PIPE) {
                 issue_s(j);
+                if (LATE_WAIT) rescale();        /* by softmax(j-1)'s correction, while S(j) runs */
                 issue_o(j - 1);
             } else {
                 issue_o(j - 1);
@@ -421,12 +432,15 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             else al_wg_wait<0>();
             softmax(j);
             if (PIPE) {
+                if (LATE_WAIT) al_block_end(j == p.SQ);   /* keeps ptxas from hoisting the wait above the softmax */
                 al_wg_wait<0>();
                 done_o(j - 1);
             }
-            rescale_pack();
+            if (!(PIPE && LATE_WAIT)) rescale();
+            pack();
         }
         if (PINGPONG) al_named_sync(1 + cw, 256);
+        if (PIPE && LATE_WAIT && nblk > 1) rescale();   /* the last softmax's correction */
         issue_o(nblk - 1);
         if (PINGPONG && cw == 0) al_named_arrive(2, 256);
         al_wg_wait<0>();

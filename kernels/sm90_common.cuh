@@ -136,6 +136,15 @@ template <int R> AL_DEV void al_reg_alloc() { asm volatile("setmaxnreg.inc.sync.
 AL_DEV void al_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 AL_DEV void al_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> AL_DEV void al_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/* Ends ptxas's basic block here. ptxas moves a wgmma.wait_group up to the top of its basic block: a wait
+ * written after the softmax ran before it, and the softmax then waited for the O product in flight instead
+ * of overlapping it (seen in the SASS of flash_fwd_sm90.cu, session 11). A branch ends the block: `never`
+ * must be a condition that is false in practice but that the compiler cannot prove false (it would drop
+ * the branch), and uniform across the warpgroup (a divergent branch, or one to a trap with a wgmma in
+ * flight, made ptxas serialise every wgmma and spill). Its body is harmless should it ever run. */
+AL_DEV void al_block_end(bool never) {
+    if (never) asm volatile("nanosleep.u32 1;\n" ::: "memory");
+}
 /* pins 32-bit registers (A fragments) to this point of the instruction stream */
 template <int N> AL_DEV void al_wg_fence_u32(al_u32 *r) {
 #pragma unroll
