@@ -41,7 +41,7 @@ for c in "$out"/*.cubin; do
     s=${c%.cubin}
     cuobjdump -sass "$c" > "$s.sass"
     # one opcode per instruction (predicate and modifiers dropped), in program order
-    grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+[^;]*' "$s.sass" | sed -E 's#^\s+/\*[0-9a-f]+\*/\s+##; s/^@!?U?P[0-9T] //' |
+    grep -oE '^\s+/\*[0-9a-f]{4,6}\*/\s+[^;]*' "$s.sass" | sed -E 's#^\s+/\*[0-9a-f]+\*/\s+##; s/^@!?U?P[0-9T] //' |
         awk '{print $1}' | sed 's/\..*//' > "$s.ops"
     printf '%s: %d instructions; ' "$(basename "$s")" "$(wc -l < "$s.ops")"
     sort "$s.ops" | uniq -c | sort -rn | head -12 | awk '{printf "%s %s  ", $2, $1} END {print ""}'
