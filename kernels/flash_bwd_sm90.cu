@@ -18,6 +18,8 @@
  *
  * Specialisations (-D): AL_HEAD_DIM 64 | 128, AL_BF16, AL_MASK_KIND, AL_BOTTOM_RIGHT, AL_SM90_ROLE,
  * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS. Not here: d = 256, ALiBi.
+ * AL_SM90_BWD_COLS 0 | 1: opt-in, not yet timed on a GPU: the dK/dV kernel's lse2 / D column loads and
+ * per-element tests made cheaper (step 1 of its loop; docs/FLASH.md, "Reading the SASS").
  * Variants (the hooks of kernels/flash_common.cuh, AL_VARIANT, AL_BLOCK_MASK; semantics exactly those of
  * kernels/flash_bwd.cu): a variant build replaces steps 1-5 below, per slice of B90_VN stream columns, by
  * one S + dP batch (both kept in f32), then per element the logit through score_mod (al_fl_logit2,
@@ -59,6 +61,11 @@
 #ifndef AL_SM90_CONSUMERS
 #define AL_SM90_CONSUMERS 2
 #endif
+#ifndef AL_SM90_BWD_COLS   /* opt-in, not yet timed on a GPU: see step 1 of the dK/dV kernel's loop */
+#define AL_SM90_BWD_COLS 0
+#endif
+/* step 2 compiled twice, with and without the per-element test (AL_SM90_BWD_COLS, dK/dV kernel, no mask_mod) */
+#define B90_P_TWICE (AL_SM90_ROLE == 0 && AL_SM90_BWD_COLS && !AL_HAS_MASK_MOD)
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on stream tiles per CTA)"
 #endif
@@ -212,6 +219,8 @@ AL_DEV void b90_ss_vn(float *acc, al_u32 own, al_u32 tile, int r0) {
 
 /* 1 when every element of the box (queries [q_lo, q_hi), keys [k_lo, k_hi), sequence-local) is inside the
  * lengths and the causal/window band, i.e. al_fl_valid(s, i, j, 0) holds for all of it (uniform per tile) */
+template <bool B> struct b90_flag { static constexpr bool value = B; };
+
 AL_DEV int b90_box_inside(const al_fl_seq &s, int q_lo, int q_hi, int k_lo, int k_hi) {
     int in = q_hi <= s.q_len && k_hi <= s.kv_len;
 #if AL_MASK_KIND != 0
@@ -565,19 +574,57 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         al_wg_fence();
         b90_ss(sc, a0, t0);
         al_wg_commit();
+#if AL_SM90_ROLE == 0 && AL_SM90_BWD_COLS
+        /* AL_SM90_BWD_COLS: this thread's lse2 and D columns loaded while S runs, from one base pointer with
+         * constant offsets. Without it they are loaded in step 2, each through its own 64-bit address (the
+         * SASS re-reads the pointer parameter and rebuilds the address per element: ~300 of the loop's ~810
+         * instructions at d = 128, bf16, session 11) and right before their use, behind S's wait. A tile
+         * whose query columns all lie inside the sequence (uniform test) loads them without predicates. */
+        float l2v[BN / 8][2], ddc[BN / 8][2];
+        {
+            const float *l2p = p.lse2 + lrow + c0 + tq * 2, *dsp = p.dsum + lrow + c0 + tq * 2;
+            if (c0 + BN <= s.q_len) {
+#pragma unroll
+                for (int t = 0; t < BN / 8; t++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        l2v[t][c] = __ldg(l2p + t * 8 + c);
+                        ddc[t][c] = __ldg(dsp + t * 8 + c);
+                    }
+            } else {
+#pragma unroll
+                for (int t = 0; t < BN / 8; t++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int in = c0 + t * 8 + tq * 2 + c < s.q_len;
+                        l2v[t][c] = in ? __ldg(l2p + t * 8 + c) : AL_POS_INF;
+                        ddc[t][c] = in ? __ldg(dsp + t * 8 + c) : 0.0f;
+                    }
+            }
+        }
+#endif
         al_wg_wait<0>();
         al_wg_fence_regs_n64(sc);
 
         /* 2. P (P^T), packed to 16 bits at once (the f32 S dies here: register pressure). Element e of n8
          * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). */
         al_u32 pa[BN / 16][4];
-#if AL_SM90_ROLE == 0
+#if AL_SM90_ROLE == 0 && !AL_SM90_BWD_COLS
         float ddc[BN / 8][2];                        /* D of this thread's query columns, for step 4 */
+#endif
+        /* all_in (a b90_flag): every element of the tile is kept, no per-element test */
+#if B90_P_TWICE
+        auto p_step = [&](auto all_in) {
+#else
+        {
+            constexpr b90_flag<false> all_in{};
 #endif
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
             float pe[4];
-#if AL_SM90_ROLE == 0
+#if AL_SM90_ROLE == 0 && AL_SM90_BWD_COLS
+            const float *l2c = l2v[t];
+#elif AL_SM90_ROLE == 0
             float l2c[2];
 #pragma unroll
             for (int c = 0; c < 2; c++) {
@@ -595,7 +642,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                 (void)orow;
                 (void)col;
 #elif AL_SM90_ROLE == 0
-                const int ok = col < s.q_len && orow < s.kv_len && al_fl_valid(s, col, orow);
+                const int ok = decltype(all_in)::value || (col < s.q_len && orow < s.kv_len && al_fl_valid(s, col, orow));
 #else
                 const int ok = orow < s.q_len && al_fl_valid(s, orow, col);
 #endif
@@ -609,6 +656,15 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pe[0], pe[1]);
             pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pe[2], pe[3]);
         }
+#if B90_P_TWICE
+        };
+        /* AL_SM90_BWD_COLS: a tile whose whole box lies inside the lengths and the band (a uniform test) takes
+         * a copy of the step without the per-element test */
+        if (b90_box_inside(s, c0, c0 + BN, own0, own0 + R)) p_step(b90_flag<true>());
+        else p_step(b90_flag<false>());
+#else
+        }
+#endif
 
         /* 3. dP (role 0: dP^T = V dO^T), and role 0's dV += P^T dO in the same batch */
         float dp[BN / 2];

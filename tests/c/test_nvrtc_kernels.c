@@ -154,15 +154,20 @@ static void dump_cubin(const char *name, const char *arch, const char *cub, size
 }
 
 /* prefix: a variant's generated source (compiled as nvrtc_cache.cu does: prefix, a newline, the file), or NULL */
-static void compile_one(const al_flash_spec *s, const char *arch, int fam, const char *prefix, int late_wait,
-                        result *r) {
+/* The opt-in schedules compiled beside the defaults (each must not spill or serialise either): a job's
+ * extra -D option and the word its name gets. */
+enum { OPT_NONE = 0, OPT_LATE_WAIT = 1, OPT_BWD_COLS = 2 };
+static const char *const k_opt_define[] = {NULL, "-DAL_SM90_LATE_WAIT=1", "-DAL_SM90_BWD_COLS=1"};
+static const char *const k_opt_word[] = {"", " late-wait", " bwd-cols"};
+
+static void compile_one(const al_flash_spec *s, const char *arch, int fam, const char *prefix, int opt, result *r) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
     const char *o[AL_FLASH_MAX_OPTS + 1];
     int n = fam == FAM_SM90_FWD ? al_flash_sm90_spec_options(s, opts)
           : fam >= FAM_SM90_BWD_DKDV ? al_flash_sm90_bwd_options(s, fam - FAM_SM90_BWD_DKDV, opts)
                                      : al_flash_spec_options(s, opts);
     for (int i = 0; i < n; i++) o[i] = opts[i];
-    if (late_wait) o[n++] = "-DAL_SM90_LATE_WAIT=1";   /* the Hopper forward's opt-in schedule */
+    if (opt) o[n++] = k_opt_define[opt];
     const char *names[4];
     int nf = job_functions(s, fam, names);
     const char *src = fam == FAM_SM90_FWD ? g_src[2] : fam >= FAM_SM90_BWD_DKDV ? g_src[3] : g_src[s->kind];
@@ -213,7 +218,7 @@ int main(void) {
     /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
-    enum { MAX_GEN = 16, JOBS_PER_GEN = 7 };
+    enum { MAX_GEN = 16, JOBS_PER_GEN = 8 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
@@ -236,7 +241,7 @@ int main(void) {
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
     const int nspec = al_flash_spec_count(),
               n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS +
-                       JOBS_PER_GEN * ngen + 15;
+                       JOBS_PER_GEN * ngen + 15 + 10;   /* + the opt-in jobs */
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
     const char **archs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *archs);
@@ -244,7 +249,7 @@ int main(void) {
     char **prefix = calloc((size_t)(nspec * 2 + n_sm90), sizeof *prefix);   /* variant sources, NULL = none */
     const char **what = calloc((size_t)(nspec * 2 + n_sm90), sizeof *what);
     char *generated = calloc((size_t)(nspec * 2 + n_sm90), 1);   /* 1: a job of the snippets file */
-    char *late = calloc((size_t)(nspec * 2 + n_sm90), 1);        /* 1: with -DAL_SM90_LATE_WAIT=1 */
+    char *xopt = calloc((size_t)(nspec * 2 + n_sm90), 1);        /* OPT_*: an opt-in schedule */
     const char *only = getenv("ATTNLAB_NVRTC_TEST_ONLY");   /* a name substring, e.g. "fwd d128 bf16" */
     char nm[96];
     for (int i = 0; i < nspec; i++) {
@@ -280,7 +285,19 @@ int main(void) {
         al_flash_sm90_spec_name(&specs[njobs], nm, sizeof nm);
         if (only && *only && !strstr(nm, only)) continue;
         sm90[njobs] = FAM_SM90_FWD;
-        late[njobs] = 1;
+        xopt[njobs] = OPT_LATE_WAIT;
+        archs[njobs++] = "sm_90a";
+    }
+    /* AL_SM90_BWD_COLS (opt-in, kernels/flash_bwd_sm90.cu, the dK/dV kernel): its 10 d = 128 specialisations;
+     * the generated variants get one such job each below */
+    for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
+        int role = 0;
+        al_flash_sm90_bwd_at(i, &specs[njobs], &role);
+        if (role != 0 || specs[njobs].d != 128) continue;
+        al_flash_sm90_bwd_name(&specs[njobs], role, nm, sizeof nm);
+        if (only && *only && !strstr(nm, only)) continue;
+        sm90[njobs] = FAM_SM90_BWD_DKDV;
+        xopt[njobs] = OPT_BWD_COLS;
         archs[njobs++] = "sm_90a";
     }
     for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
@@ -310,8 +327,9 @@ int main(void) {
             archs[njobs++] = "sm_90a";
         }
     for (int i = 0; i < ngen; i++) {
-        static const struct { int fam, kind, d, bf16, mask, late; } J[JOBS_PER_GEN] = {
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 1},   /* with AL_SM90_LATE_WAIT */
+        static const struct { int fam, kind, d, bf16, mask, opt; } J[JOBS_PER_GEN] = {
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, OPT_LATE_WAIT},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_COLS},
             {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0},
             {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0},
             {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
@@ -333,7 +351,7 @@ int main(void) {
                                                                                              : al_flash_spec_file(sp));
             what[njobs] = gen[i].name;
             generated[njobs] = 1;
-            late[njobs] = (char)J[k].late;
+            xopt[njobs] = (char)J[k].opt;
             sm90[njobs] = J[k].fam;
             archs[njobs++] = "sm_90a";
         }
@@ -346,13 +364,13 @@ int main(void) {
     fflush(stdout);
     double t0 = test_now_ms();
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < njobs; j++) compile_one(&specs[j], archs[j], sm90[j], prefix[j], late[j], &res[j]);
+    for (int j = 0; j < njobs; j++) compile_one(&specs[j], archs[j], sm90[j], prefix[j], xopt[j], &res[j]);
     double total = test_now_ms() - t0;
 
     for (int j = 0; j < njobs; j++) {
         char name[96], tname[160];
         job_name(&specs[j], sm90[j], name, sizeof name);
-        if (late[j]) snprintf(name + strlen(name), sizeof name - strlen(name), " late-wait");
+        snprintf(name + strlen(name), sizeof name - strlen(name), "%s", k_opt_word[(int)xopt[j]]);
         snprintf(tname, sizeof tname, "%s %s", name, archs[j]);
         t_current = tname;
         t_current_failed = 0;
@@ -391,7 +409,7 @@ int main(void) {
     free(prefix);
     free(what);
     free(generated);
-    free(late);
+    free(xopt);
     free(sm90);
     free(specs);
     free(archs);

@@ -1,0 +1,88 @@
+-- scripts/flash_ab.lua — A/B of two versions of the flash kernels (a kernel edit, an opt-in -D default
+-- flipped), one process per kernel folder, on a GPU:
+--   for k in /tmp/k_a /tmp/k_b; do ATTNLAB_KERNEL_DIR=$k luajit scripts/flash_ab.lua > $k.log; done
+--   diff <(grep '^C ' /tmp/k_a.log) <(grep '^C ' /tmp/k_b.log)     # empty: bit-identical results
+--   grep '^T ' /tmp/k_*.log                                         # times
+-- "C" lines: for small shapes that cover one tile, several tiles with a partial last one, d = 64 / 128 /
+-- 256, no mask and causal, with and without a tanh soft-capping score_mod, a 32-bit multiply-add hash of
+-- the exact f32 bits of the output and of dq, dk, dv (the backward of a fixed random gradient), and the
+-- output's absolute sum: a schedule-only change must leave them identical. "T" lines: best-of-5 mean time
+-- of the forward and of the backward (10 calls each, host clock around a synchronise) at b = 2, s = 4096,
+-- h = 16, d = 128, bf16, plain and soft-capped, no mask and causal, with TFLOP/s (forward 4 b h s^2 d,
+-- halved for causal; backward 2.5x that).
+-- PROBE_CPU=1 runs the checksum half on the CPU backend (a dry run of the script without a GPU).
+-- Kernel folders are read at run time (src/cuda/nvrtc_cache.cu): run it from the repository root after
+-- `make`; XDG_CACHE_HOME at a fresh folder keeps the two runs' compile caches apart from older ones.
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local al = require "attnlab"
+local ffi = require "ffi"
+local clock = require("attnlab.progress").clock
+local dev = os.getenv("PROBE_CPU") and "cpu" or "cuda"
+local softcap = function(score) return 30 * al.tanh(score / 30) end
+
+local function inputs(b, s, h, d, seed)
+  al.manual_seed(seed)
+  return { query_layer = al.randn({ b, s, h, d }, { dtype = "bf16", device = dev }),
+    key_layer = al.randn({ b, s, h, d }, { dtype = "bf16", device = dev }),
+    value_layer = al.randn({ b, s, h, d }, { dtype = "bf16", device = dev }),
+    qkv_format = "bshd", backend = dev == "cpu" and "cpu" or "flash" }
+end
+local function with(a, e) local t = {} for k, v in pairs(a) do t[k] = v end for k, v in pairs(e) do t[k] = v end return t end
+
+local u = ffi.new("union { float f; uint32_t u; }")
+local function hash(x)
+  local v = x:float():cpu():flat_values()
+  local h, sum = 2166136261ULL, 0
+  for i = 1, #v do
+    u.f = v[i]
+    h = (h * 16777619ULL + u.u) % 4294967296ULL
+    sum = sum + math.abs(v[i])
+  end
+  return tostring(h):gsub("ULL", ""), sum
+end
+
+for _, c in ipairs { { 1, 300, 4, 128 }, { 1, 100, 4, 128 }, { 2, 1000, 2, 64 }, { 1, 300, 2, 256 } } do
+  local a = inputs(c[1], c[2], c[3], c[4], 7)
+  al.manual_seed(8)
+  local dout = al.randn({ c[1], c[2], c[3] * c[4] }, { dtype = "bf16", device = dev })
+  for _, m in ipairs { "no_mask", "causal" } do
+    for _, v in ipairs(c[4] == 128 and { "plain", "softcap" } or { "plain" }) do
+      local args = with(a, { attn_mask_type = m })
+      if v == "softcap" then args.score_mod = softcap end
+      local out, ctx = al.attention.forward(args)
+      local g = al.attention.backward(ctx, dout)
+      local ho, so = hash(out)
+      local line = string.format("C %s %s d%d s%d out %s %.10g", v, m, c[4], c[2], ho, so)
+      for _, k in ipairs { "query_layer", "key_layer", "value_layer" } do line = line .. " " .. (hash(g[k])) end
+      print(line)
+    end
+  end
+end
+if dev == "cpu" then os.exit(0) end
+
+local function best_of(f)
+  for _ = 1, 3 do f() end
+  al.cuda.synchronize()
+  local best = math.huge
+  for _ = 1, 5 do
+    local t0 = clock()
+    for _ = 1, 10 do f() end
+    al.cuda.synchronize()
+    best = math.min(best, (clock() - t0) / 10)
+  end
+  return best
+end
+
+local b, s, h, d = 2, 4096, 16, 128
+local a = inputs(b, s, h, d, 1)
+local dout = al.randn({ b, s, h * d }, { dtype = "bf16", device = dev })
+for _, cfg in ipairs { { "plain-nomask", "no_mask", nil, 1 }, { "softcap-nomask", "no_mask", softcap, 1 },
+                       { "plain-causal", "causal", nil, 0.5 }, { "softcap-causal", "causal", softcap, 0.5 } } do
+  local args = with(a, { attn_mask_type = cfg[2], score_mod = cfg[3] })
+  local fl = 4 * b * h * s * s * d * cfg[4]
+  local tf = best_of(function() al.attention.forward(args) end)
+  local _, ctx = al.attention.forward(args)
+  local tb = best_of(function() al.attention.backward(ctx, dout) end)
+  print(string.format("T %-15s fwd %7.1f us %6.1f TFLOP/s   bwd %7.1f us %6.1f TFLOP/s", cfg[1], tf * 1e6,
+    fl / tf / 1e12, tb * 1e6, 2.5 * fl / tb / 1e12))
+end
