@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# flash_ab.sh — A/B of opt-in kernel switches on a GPU, in one command (docs/FLASH.md, "Reading the SASS"):
+#
+#   scripts/flash_ab.sh AL_SM90_LATE_WAIT AL_SM90_BWD_COLS
+#
+# For each NAME, a copy of kernels/ whose `#define NAME 0` default reads 1 (build/ab/NAME); then
+# scripts/flash_ab.lua runs once per folder, in the order base, each NAME, base again (so drift of the
+# GPU's clocks shows as a base-to-base difference), each with its own compile cache. Prints the "T" lines
+# (forward and backward times) of every run and, per NAME, whether its "C" lines (bit-exact hashes of
+# outputs and gradients) equal the base's; exits 1 if any differ or a run fails. AB_DIR=build/ab.
+# Environment as for any GPU run: ATTNLAB_LIBDIR, the cuDNN / CUDA libraries (the device's .gpu-deps/env.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ $# -gt 0 ] || { echo "usage: scripts/flash_ab.sh NAME... (opt-in -D switches of kernels/*.cu)"; exit 2; }
+dir=${AB_DIR:-build/ab}
+rm -rf "$dir"
+mkdir -p "$dir"
+cp -r kernels "$dir/base"
+for n in "$@"; do
+    cp -r kernels "$dir/$n"
+    if ! grep -lq "^#define $n 0\$" "$dir/$n"/*.cu; then
+        echo "flash_ab.sh: no '#define $n 0' default in kernels/*.cu"
+        exit 2
+    fi
+    sed -i "s/^#define $n 0\$/#define $n 1/" "$dir/$n"/*.cu
+done
+status=0
+run() {   # run FOLDER-NAME LOG
+    local t0=$SECONDS
+    ATTNLAB_KERNEL_DIR=$PWD/$dir/$1 XDG_CACHE_HOME=$PWD/$dir/cache-$1 luajit scripts/flash_ab.lua > "$2" 2>&1
+    local rc=$?
+    echo "== $1: exit $rc, $((SECONDS - t0)) s"
+    grep '^T ' "$2"
+    [ $rc -eq 0 ] || { tail -n 5 "$2"; status=1; }
+}
+run base "$dir/base.log"
+for n in "$@"; do run "$n" "$dir/$n.log"; done
+run base "$dir/base2.log"
+for n in "$@" base2; do
+    f=$dir/$n.log
+    if diff -q <(grep '^C ' "$dir/base.log") <(grep '^C ' "$f") > /dev/null && grep -q '^C ' "$f"; then
+        echo "== $n: outputs and gradients bit-identical to base ($(grep -c '^C ' "$f") cases)"
+    else
+        echo "== $n: DIFFERS from base:"
+        diff <(grep '^C ' "$dir/base.log") <(grep '^C ' "$f") | head -n 8
+        status=1
+    fi
+done
+exit $status
