@@ -18,8 +18,9 @@
  *
  * Specialisations (-D): AL_HEAD_DIM 64 | 128, AL_BF16, AL_MASK_KIND, AL_BOTTOM_RIGHT, AL_SM90_ROLE,
  * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS. Not here: d = 256, ALiBi.
- * AL_SM90_BWD_COLS 0 | 1: opt-in, not yet timed on a GPU: the dK/dV kernel's lse2 / D column loads and
- * per-element tests made cheaper (step 1 of its loop; docs/FLASH.md, "Reading the SASS").
+ * AL_SM90_BWD_LEANP 0 | 1: opt-in, not yet timed on a GPU: a lean P step (step 2 of the loop): the dK/dV
+ * kernel's lse2 / D column loads hoisted into the S batch, and in both kernels a copy of the step without
+ * per-element tests for tiles wholly inside the lengths and band (docs/FLASH.md, "Reading the SASS").
  * Variants (the hooks of kernels/flash_common.cuh, AL_VARIANT, AL_BLOCK_MASK; semantics exactly those of
  * kernels/flash_bwd.cu): a variant build replaces steps 1-5 below, per slice of B90_VN stream columns, by
  * one S + dP batch (both kept in f32), then per element the logit through score_mod (al_fl_logit2,
@@ -61,11 +62,14 @@
 #ifndef AL_SM90_CONSUMERS
 #define AL_SM90_CONSUMERS 2
 #endif
-#ifndef AL_SM90_BWD_COLS   /* opt-in, not yet timed on a GPU: see step 1 of the dK/dV kernel's loop */
-#define AL_SM90_BWD_COLS 0
+#ifndef AL_SM90_BWD_LEANP   /* see the header; off: the kernels measured in sessions 4-10 */
+#define AL_SM90_BWD_LEANP 0
 #endif
-/* step 2 compiled twice, with and without the per-element test (AL_SM90_BWD_COLS, dK/dV kernel, no mask_mod) */
-#define B90_P_TWICE (AL_SM90_ROLE == 0 && AL_SM90_BWD_COLS && !AL_HAS_MASK_MOD)
+/* step 2 compiled twice, with and without the per-element test (AL_SM90_BWD_LEANP, no mask_mod) */
+#define B90_P_TWICE (AL_SM90_BWD_LEANP && !AL_HAS_MASK_MOD)
+/* the dQ kernel's dP = dO V^T issued right after S, in a group of its own, so that it runs during step 2 (in
+ * the dK/dV kernel, dP^T beside its two accumulators and the hoisted columns spilled 156 bytes) */
+#define B90_DP_EARLY (AL_SM90_BWD_LEANP && AL_SM90_ROLE == 1)
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on stream tiles per CTA)"
 #endif
@@ -571,11 +575,21 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
         /* 1. S (role 0: S^T = K Q^T) */
         float sc[BN / 2];
+#if B90_DP_EARLY
+        float dp[BN / 2];
+#endif
         al_wg_fence();
         b90_ss(sc, a0, t0);
         al_wg_commit();
-#if AL_SM90_ROLE == 0 && AL_SM90_BWD_COLS
-        /* AL_SM90_BWD_COLS: this thread's lse2 and D columns loaded while S runs, from one base pointer with
+#if B90_DP_EARLY
+        /* (AL_SM90_BWD_LEANP) dP does not depend on P here: issued now, it runs while step 2 computes P. Without
+         * it ptxas moved the dP issue up between step 2's instructions anyway; with step 2 in two copies behind
+         * a branch it could not, and dP waited for P (SASS, session 11). */
+        b90_ss(dp, a1, t1);
+        al_wg_commit();
+#endif
+#if AL_SM90_ROLE == 0 && AL_SM90_BWD_LEANP
+        /* AL_SM90_BWD_LEANP: this thread's lse2 and D columns loaded while S runs, from one base pointer with
          * constant offsets. Without it they are loaded in step 2, each through its own 64-bit address (the
          * SASS re-reads the pointer parameter and rebuilds the address per element: ~300 of the loop's ~810
          * instructions at d = 128, bf16, session 11) and right before their use, behind S's wait. A tile
@@ -603,13 +617,17 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             }
         }
 #endif
+#if B90_DP_EARLY
+        al_wg_wait<1>();                             /* S retired; dP may still run */
+#else
         al_wg_wait<0>();
+#endif
         al_wg_fence_regs_n64(sc);
 
         /* 2. P (P^T), packed to 16 bits at once (the f32 S dies here: register pressure). Element e of n8
          * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). */
         al_u32 pa[BN / 16][4];
-#if AL_SM90_ROLE == 0 && !AL_SM90_BWD_COLS
+#if AL_SM90_ROLE == 0 && !AL_SM90_BWD_LEANP
         float ddc[BN / 8][2];                        /* D of this thread's query columns, for step 4 */
 #endif
         /* all_in (a b90_flag): every element of the tile is kept, no per-element test */
@@ -622,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
             float pe[4];
-#if AL_SM90_ROLE == 0 && AL_SM90_BWD_COLS
+#if AL_SM90_ROLE == 0 && AL_SM90_BWD_LEANP
             const float *l2c = l2v[t];
 #elif AL_SM90_ROLE == 0
             float l2c[2];
@@ -644,7 +662,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #elif AL_SM90_ROLE == 0
                 const int ok = decltype(all_in)::value || (col < s.q_len && orow < s.kv_len && al_fl_valid(s, col, orow));
 #else
-                const int ok = orow < s.q_len && al_fl_valid(s, orow, col);
+                const int ok = decltype(all_in)::value || (orow < s.q_len && al_fl_valid(s, orow, col));
 #endif
 #if AL_SM90_ROLE == 0
                 const float l2 = l2c[e & 1];
@@ -658,15 +676,22 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         }
 #if B90_P_TWICE
         };
-        /* AL_SM90_BWD_COLS: a tile whose whole box lies inside the lengths and the band (a uniform test) takes
+        /* AL_SM90_BWD_LEANP: a tile whose whole box lies inside the lengths and the band (a uniform test) takes
          * a copy of the step without the per-element test */
+#if AL_SM90_ROLE == 0
         if (b90_box_inside(s, c0, c0 + BN, own0, own0 + R)) p_step(b90_flag<true>());
+#else
+        if (b90_box_inside(s, own0, own0 + R, c0, c0 + BN)) p_step(b90_flag<true>());
+#endif
         else p_step(b90_flag<false>());
 #else
         }
 #endif
 
         /* 3. dP (role 0: dP^T = V dO^T), and role 0's dV += P^T dO in the same batch */
+#if B90_DP_EARLY
+        al_wg_wait<0>();
+#else
         float dp[BN / 2];
         al_wg_fence();
         b90_ss(dp, a1, t1);
@@ -675,6 +700,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
         al_wg_commit();
         al_wg_wait<0>();
+#endif
         al_wg_fence_regs_n64(dp);
 #if AL_SM90_ROLE == 0
         AL_WG_FENCE_D(acc0);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # flash_ab.sh — A/B of opt-in kernel switches on a GPU, in one command (docs/FLASH.md, "Reading the SASS"):
 #
-#   scripts/flash_ab.sh AL_SM90_LATE_WAIT AL_SM90_BWD_COLS
+#   scripts/flash_ab.sh AL_SM90_LATE_WAIT AL_SM90_BWD_LEANP
 #
 # For each NAME, a copy of kernels/ whose `#define NAME 0` default reads 1 (build/ab/NAME); then
 # scripts/flash_ab.lua runs once per folder, in the order base, each NAME, base again (so drift of the

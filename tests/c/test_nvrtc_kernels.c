@@ -156,9 +156,9 @@ static void dump_cubin(const char *name, const char *arch, const char *cub, size
 /* prefix: a variant's generated source (compiled as nvrtc_cache.cu does: prefix, a newline, the file), or NULL */
 /* The opt-in schedules compiled beside the defaults (each must not spill or serialise either): a job's
  * extra -D option and the word its name gets. */
-enum { OPT_NONE = 0, OPT_LATE_WAIT = 1, OPT_BWD_COLS = 2 };
-static const char *const k_opt_define[] = {NULL, "-DAL_SM90_LATE_WAIT=1", "-DAL_SM90_BWD_COLS=1"};
-static const char *const k_opt_word[] = {"", " late-wait", " bwd-cols"};
+enum { OPT_NONE = 0, OPT_LATE_WAIT = 1, OPT_BWD_LEANP = 2 };
+static const char *const k_opt_define[] = {NULL, "-DAL_SM90_LATE_WAIT=1", "-DAL_SM90_BWD_LEANP=1"};
+static const char *const k_opt_word[] = {"", " late-wait", " bwd-leanp"};
 
 static void compile_one(const al_flash_spec *s, const char *arch, int fam, const char *prefix, int opt, result *r) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
@@ -218,7 +218,7 @@ int main(void) {
     /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
-    enum { MAX_GEN = 16, JOBS_PER_GEN = 8 };
+    enum { MAX_GEN = 16, JOBS_PER_GEN = 9 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
@@ -241,7 +241,7 @@ int main(void) {
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
     const int nspec = al_flash_spec_count(),
               n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS +
-                       JOBS_PER_GEN * ngen + 15 + 10;   /* + the opt-in jobs */
+                       JOBS_PER_GEN * ngen + 15 + 20;   /* + the opt-in jobs */
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
     const char **archs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *archs);
@@ -288,16 +288,16 @@ int main(void) {
         xopt[njobs] = OPT_LATE_WAIT;
         archs[njobs++] = "sm_90a";
     }
-    /* AL_SM90_BWD_COLS (opt-in, kernels/flash_bwd_sm90.cu, the dK/dV kernel): its 10 d = 128 specialisations;
-     * the generated variants get one such job each below */
+    /* AL_SM90_BWD_LEANP (opt-in, kernels/flash_bwd_sm90.cu): the 20 d = 128 (specialisation, kernel) pairs; the
+     * generated variants get one such job per kernel below */
     for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
         int role = 0;
         al_flash_sm90_bwd_at(i, &specs[njobs], &role);
-        if (role != 0 || specs[njobs].d != 128) continue;
+        if (specs[njobs].d != 128) continue;
         al_flash_sm90_bwd_name(&specs[njobs], role, nm, sizeof nm);
         if (only && *only && !strstr(nm, only)) continue;
-        sm90[njobs] = FAM_SM90_BWD_DKDV;
-        xopt[njobs] = OPT_BWD_COLS;
+        sm90[njobs] = FAM_SM90_BWD_DKDV + role;
+        xopt[njobs] = OPT_BWD_LEANP;
         archs[njobs++] = "sm_90a";
     }
     for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
@@ -329,7 +329,8 @@ int main(void) {
     for (int i = 0; i < ngen; i++) {
         static const struct { int fam, kind, d, bf16, mask, opt; } J[JOBS_PER_GEN] = {
             {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, OPT_LATE_WAIT},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_COLS},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_LEANP},
+            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_LEANP},
             {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0},
             {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0},
             {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
