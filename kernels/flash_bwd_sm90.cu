@@ -221,10 +221,11 @@ AL_DEV void b90_ss_vn(float *acc, al_u32 own, al_u32 tile, int r0) {
 #define B90_KIND_OF(j) 1
 #endif
 
-/* 1 when every element of the box (queries [q_lo, q_hi), keys [k_lo, k_hi), sequence-local) is inside the
- * lengths and the causal/window band, i.e. al_fl_valid(s, i, j, 0) holds for all of it (uniform per tile) */
+/* a compile-time flag passed to a generic lambda (NVRTC has no <type_traits>) */
 template <bool B> struct b90_flag { static constexpr bool value = B; };
 
+/* 1 when every element of the box (queries [q_lo, q_hi), keys [k_lo, k_hi), sequence-local) is inside the
+ * lengths and the causal/window band, i.e. al_fl_valid(s, i, j, 0) holds for all of it (uniform per tile) */
 AL_DEV int b90_box_inside(const al_fl_seq &s, int q_lo, int q_hi, int k_lo, int k_hi) {
     int in = q_hi <= s.q_len && k_hi <= s.kv_len;
 #if AL_MASK_KIND != 0

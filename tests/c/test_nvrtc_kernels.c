@@ -17,6 +17,9 @@
  * Representative variant specialisations of the Hopper backward (score_mod + score_grad soft-capping,
  * mask_mod + block mask, a capture-read score_mod with its capture gradient, all hooks at once; both
  * kernels each, the hooks written as variants.lua writes them) are compiled too, and must not spill.
+ * The opt-in schedules (-DAL_SM90_LATE_WAIT=1 for the Hopper forward at d 64/128, -DAL_SM90_BWD_LEANP=1 for
+ * both backward kernels at d 128; off by default, docs/FLASH.md "Reading the SASS") are compiled beside the
+ * defaults, with the same checks, so that switching one on for a GPU A/B needs no other change.
  * Kernel folder: $ATTNLAB_KERNEL_DIR, else ./kernels (make test runs from the repository root).
  * Specialisations compile in parallel (OpenMP threads; OMP_NUM_THREADS caps them);
  * ATTNLAB_NVRTC_TEST_ONLY="fwd d128" keeps the specialisations whose name contains the text;
@@ -217,7 +220,8 @@ int main(void) {
 
     /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal), the Hopper
-     * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
+     * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a), and
+     * with the opt-in schedules (the forward's bf16 d128 job, the backward's two) */
     enum { MAX_GEN = 16, JOBS_PER_GEN = 9 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
