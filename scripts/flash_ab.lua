@@ -3,10 +3,11 @@
 --   for k in /tmp/k_a /tmp/k_b; do ATTNLAB_KERNEL_DIR=$k luajit scripts/flash_ab.lua > $k.log; done
 --   diff <(grep '^C ' /tmp/k_a.log) <(grep '^C ' /tmp/k_b.log)     # empty: bit-identical results
 --   grep '^T ' /tmp/k_*.log                                         # times
--- "C" lines: for small shapes that cover one tile, several tiles with a partial last one, d = 64 / 128 /
--- 256, no mask and causal, with and without a tanh soft-capping score_mod, a 32-bit multiply-add hash of
--- the exact f32 bits of the output and of dq, dk, dv (the backward of a fixed random gradient), and the
--- output's absolute sum: a schedule-only change must leave them identical. "T" lines: best-of-5 mean time
+-- "C" lines: a 32-bit multiply-add hash of the exact f32 bits of the output and of dq, dk, dv (the backward
+-- of a fixed random gradient), and the output's absolute sum, for small cases: one tile, several tiles with a
+-- partial last one, d = 64 / 128 / 256, no mask and causal, with and without a tanh soft-capping score_mod,
+-- and where fast and slow paths of a tile divide: GQA with sliding windows (both corners), thd with padded
+-- gaps, a document mask_mod. A schedule-only change must leave them identical. "T" lines: best-of-5 mean time
 -- of the forward and of the backward (10 calls each, host clock around a synchronise) at b = 2, s = 4096,
 -- h = 16, d = 128, bf16, plain and soft-capped, no mask and causal, with TFLOP/s (forward 4 b h s^2 d,
 -- halved for causal; backward 2.5x that).
@@ -41,20 +42,47 @@ local function hash(x)
   return tostring(h):gsub("ULL", ""), sum
 end
 
+local function i32(list) return al.tensor(list, { dtype = "i32" }):to(dev) end
+local function rnd(shape) return al.randn(shape, { dtype = "bf16", device = dev }) end
+local function line_of(name, args)
+  local out, ctx = al.attention.forward(args)
+  al.manual_seed(8)
+  local g = al.attention.backward(ctx, al.randn(out:size(), { dtype = "bf16", device = dev }))
+  local ho, so = hash(out)
+  local line = string.format("C %s out %s %.10g", name, ho, so)
+  for _, k in ipairs { "query_layer", "key_layer", "value_layer" } do line = line .. " " .. (hash(g[k])) end
+  return line
+end
+
+-- the cases where the switches' fast and slow paths divide: GQA with a band (sliding window, both corners),
+-- thd with padded gaps (sequence lengths that end inside a tile), a mask_mod (the dK/dV kernel's keep bits)
+al.manual_seed(9)
+local back = dev == "cpu" and "cpu" or "flash"
+local gqa = { query_layer = rnd({ 2, 333, 4, 128 }), key_layer = rnd({ 2, 333, 2, 128 }), value_layer = rnd({ 2, 333, 2, 128 }),
+  qkv_format = "bshd", backend = back }
+print(line_of("gqa causal d128 s333", with(gqa, { attn_mask_type = "causal" })))
+print(line_of("gqa window(100,0) d128 s333", with(gqa, { attn_mask_type = "causal", window_size = { 100, 0 } })))
+print(line_of("gqa window(64,64) br d128 s333", with(gqa, { attn_mask_type = "no_mask", window_size = { 64, 64 },
+  bottom_right_diagonal = true })))
+local thd = { query_layer = rnd({ 300, 4, 128 }), key_layer = rnd({ 330, 2, 128 }), value_layer = rnd({ 330, 2, 128 }),
+  qkv_format = "thd", attn_mask_type = "padding", cu_seqlens_q = i32({ 0, 77, 277 }), cu_seqlens_kv = i32({ 0, 90, 300 }),
+  cu_seqlens_q_padded = i32({ 0, 96, 300 }), cu_seqlens_kv_padded = i32({ 0, 100, 330 }), backend = back }
+print(line_of("thd padding gaps d128", thd))
+print(line_of("thd padding_causal gaps d128", with(thd, { attn_mask_type = "padding_causal" })))
+local ids = {}
+for i = 1, 384 do ids[i] = math.floor((i - 1) * 3 / 384) end   -- three documents of 128 tokens
+local doc = al.tensor({ ids }, { dtype = "i32" })
+print(line_of("mask_mod documents d128 s384", with(gqa, {
+  query_layer = rnd({ 1, 384, 4, 128 }), key_layer = rnd({ 1, 384, 2, 128 }), value_layer = rnd({ 1, 384, 2, 128 }),
+  attn_mask_type = "no_mask", mask_mod = function(b, _, q, k) return al.eq(doc[b][q], doc[b][k]) end })))
+
 for _, c in ipairs { { 1, 300, 4, 128 }, { 1, 100, 4, 128 }, { 2, 1000, 2, 64 }, { 1, 300, 2, 256 } } do
   local a = inputs(c[1], c[2], c[3], c[4], 7)
-  al.manual_seed(8)
-  local dout = al.randn({ c[1], c[2], c[3] * c[4] }, { dtype = "bf16", device = dev })
   for _, m in ipairs { "no_mask", "causal" } do
     for _, v in ipairs(c[4] == 128 and { "plain", "softcap" } or { "plain" }) do
       local args = with(a, { attn_mask_type = m })
       if v == "softcap" then args.score_mod = softcap end
-      local out, ctx = al.attention.forward(args)
-      local g = al.attention.backward(ctx, dout)
-      local ho, so = hash(out)
-      local line = string.format("C %s %s d%d s%d out %s %.10g", v, m, c[4], c[2], ho, so)
-      for _, k in ipairs { "query_layer", "key_layer", "value_layer" } do line = line .. " " .. (hash(g[k])) end
-      print(line)
+      print(line_of(string.format("%s %s d%d s%d", v, m, c[4], c[2]), args))
     end
   end
 end
