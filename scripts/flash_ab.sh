@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 dir=${AB_DIR:-build/ab}
 rm -rf "$dir"
 mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
 cp -r kernels "$dir/base"
 for n in "$@"; do
     cp -r kernels "$dir/$n"
@@ -27,7 +28,7 @@ done
 status=0
 run() {   # run FOLDER-NAME LOG
     local t0=$SECONDS
-    ATTNLAB_KERNEL_DIR=$PWD/$dir/$1 XDG_CACHE_HOME=$PWD/$dir/cache-$1 luajit scripts/flash_ab.lua > "$2" 2>&1
+    ATTNLAB_KERNEL_DIR=$dir/$1 XDG_CACHE_HOME=$dir/cache-$1 luajit scripts/flash_ab.lua > "$2" 2>&1
     local rc=$?
     echo "== $1: exit $rc, $((SECONDS - t0)) s"
     grep '^T ' "$2"
