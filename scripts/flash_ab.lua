@@ -19,14 +19,15 @@ local al = require "attnlab"
 local ffi = require "ffi"
 local clock = require("attnlab.progress").clock
 local dev = os.getenv("PROBE_CPU") and "cpu" or "cuda"
+local back = dev == "cpu" and "cpu" or "flash"
 local softcap = function(score) return 30 * al.tanh(score / 30) end
 
+local function rnd(shape) return al.randn(shape, { dtype = "bf16", device = dev }) end
+local function i32(list) return al.tensor(list, { dtype = "i32" }):to(dev) end
 local function inputs(b, s, h, d, seed)
   al.manual_seed(seed)
-  return { query_layer = al.randn({ b, s, h, d }, { dtype = "bf16", device = dev }),
-    key_layer = al.randn({ b, s, h, d }, { dtype = "bf16", device = dev }),
-    value_layer = al.randn({ b, s, h, d }, { dtype = "bf16", device = dev }),
-    qkv_format = "bshd", backend = dev == "cpu" and "cpu" or "flash" }
+  return { query_layer = rnd({ b, s, h, d }), key_layer = rnd({ b, s, h, d }), value_layer = rnd({ b, s, h, d }),
+    qkv_format = "bshd", backend = back }
 end
 local function with(a, e) local t = {} for k, v in pairs(a) do t[k] = v end for k, v in pairs(e) do t[k] = v end return t end
 
@@ -42,12 +43,10 @@ local function hash(x)
   return tostring(h):gsub("ULL", ""), sum
 end
 
-local function i32(list) return al.tensor(list, { dtype = "i32" }):to(dev) end
-local function rnd(shape) return al.randn(shape, { dtype = "bf16", device = dev }) end
 local function line_of(name, args)
   local out, ctx = al.attention.forward(args)
   al.manual_seed(8)
-  local g = al.attention.backward(ctx, al.randn(out:size(), { dtype = "bf16", device = dev }))
+  local g = al.attention.backward(ctx, rnd(out:size()))
   local ho, so = hash(out)
   local line = string.format("C %s out %s %.10g", name, ho, so)
   for _, k in ipairs { "query_layer", "key_layer", "value_layer" } do line = line .. " " .. (hash(g[k])) end
@@ -57,7 +56,6 @@ end
 -- the cases where the switches' fast and slow paths divide: GQA with a band (sliding window, both corners),
 -- thd with padded gaps (sequence lengths that end inside a tile), a mask_mod (the dK/dV kernel's keep bits)
 al.manual_seed(9)
-local back = dev == "cpu" and "cpu" or "flash"
 local gqa = { query_layer = rnd({ 2, 333, 4, 128 }), key_layer = rnd({ 2, 333, 2, 128 }), value_layer = rnd({ 2, 333, 2, 128 }),
   qkv_format = "bshd", backend = back }
 print(line_of("gqa causal d128 s333", with(gqa, { attn_mask_type = "causal" })))
@@ -103,7 +101,7 @@ end
 
 local b, s, h, d = 2, 4096, 16, 128
 local a = inputs(b, s, h, d, 1)
-local dout = al.randn({ b, s, h * d }, { dtype = "bf16", device = dev })
+local dout = rnd({ b, s, h * d })
 for _, cfg in ipairs { { "plain-nomask", "no_mask", nil, 1 }, { "softcap-nomask", "no_mask", softcap, 1 },
                        { "plain-causal", "causal", nil, 0.5 }, { "softcap-causal", "causal", softcap, 0.5 } } do
   local args = with(a, { attn_mask_type = cfg[2], score_mod = cfg[3] })
