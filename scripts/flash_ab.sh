@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# flash_ab.sh — A/B of opt-in kernel switches on a GPU, in one command (docs/FLASH.md, "Reading the SASS"):
+# flash_ab.sh — A/B of kernel -D switches on a GPU, in one command (docs/FLASH.md, "Reading the SASS"):
 #
 #   scripts/flash_ab.sh AL_SM90_LATE_WAIT AL_SM90_BWD_LEANP
 #
-# For each NAME, a copy of kernels/ whose `#define NAME 0` default reads 1 (build/ab/NAME); then
+# For each NAME, a copy of kernels/ whose `#define NAME 0` default reads 1, or `#define NAME 1` reads 0
+# (build/ab/NAME; the switches AL_SM90_LATE_WAIT and AL_SM90_BWD_LEANP are on by default; NAME A+B flips
+# both in one folder); then
 # scripts/flash_ab.lua runs once per folder, in the order base, each NAME, base again (so drift of the
 # GPU's clocks shows as a base-to-base difference), each with its own compile cache. Prints the "T" lines
 # (forward and backward times) of every run and, per NAME, whether its "C" lines (bit-exact hashes of
@@ -11,7 +13,7 @@
 # Environment as for any GPU run: ATTNLAB_LIBDIR, the cuDNN / CUDA libraries (the device's .gpu-deps/env.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -gt 0 ] || { echo "usage: scripts/flash_ab.sh NAME... (opt-in -D switches of kernels/*.cu)"; exit 2; }
+[ $# -gt 0 ] || { echo "usage: scripts/flash_ab.sh NAME... (0/1 -D switches of kernels/*.cu)"; exit 2; }
 dir=${AB_DIR:-build/ab}
 rm -rf "$dir"
 mkdir -p "$dir"
@@ -19,11 +21,17 @@ dir=$(cd "$dir" && pwd)
 cp -r kernels "$dir/base"
 for n in "$@"; do
     cp -r kernels "$dir/$n"
-    if ! grep -lq "^#define $n 0\$" "$dir/$n"/*.cu; then
-        echo "flash_ab.sh: no '#define $n 0' default in kernels/*.cu"
-        exit 2
-    fi
-    sed -i "s/^#define $n 0\$/#define $n 1/" "$dir/$n"/*.cu
+    for x in ${n//+/ }; do   # A+B: both flipped in one folder
+        f=("$dir/$n"/*.cu "$dir/$n"/*.cuh)
+        if grep -lq "^#define $x 0\$" "${f[@]}"; then
+            sed -i "s/^#define $x 0\$/#define $x 1/" "${f[@]}"
+        elif grep -lq "^#define $x 1\$" "${f[@]}"; then
+            sed -i "s/^#define $x 1\$/#define $x 0/" "${f[@]}"
+        else
+            echo "flash_ab.sh: no '#define $x 0' or '#define $x 1' default in kernels/*.cu, *.cuh"
+            exit 2
+        fi
+    done
 done
 status=0
 run() {   # run FOLDER-NAME LOG
