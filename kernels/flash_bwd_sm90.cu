@@ -18,9 +18,11 @@
  *
  * Specialisations (-D): AL_HEAD_DIM 64 | 128, AL_BF16, AL_MASK_KIND, AL_BOTTOM_RIGHT, AL_SM90_ROLE,
  * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS. Not here: d = 256, ALiBi.
- * AL_SM90_BWD_LEANP 0 | 1: opt-in, not yet timed on a GPU: a lean P step (step 2 of the loop): the dK/dV
- * kernel's lse2 / D column loads hoisted into the S batch, and in both kernels a copy of the step without
- * per-element tests for tiles wholly inside the lengths and band (docs/FLASH.md, "Reading the SASS").
+ * AL_SM90_BWD_LEANP 1 | 0: a lean P step (step 2 of the loop): the dK/dV kernel's lse2 / D column loads
+ * hoisted into the S batch, in both kernels a copy of the step without per-element tests for tiles wholly
+ * inside the lengths and band, and the dQ kernel's dP issued beside S (docs/FLASH.md, "Reading the SASS").
+ * 0 is the loop of sessions 4-10. On since session 12: backward +24-27% at d = 128 (docs/PERFORMANCE.md),
+ * bit-identical results. Variant builds (score_mod etc.) have their own step and do not use it.
  * Variants (the hooks of kernels/flash_common.cuh, AL_VARIANT, AL_BLOCK_MASK; semantics exactly those of
  * kernels/flash_bwd.cu): a variant build replaces steps 1-5 below, per slice of B90_VN stream columns, by
  * one S + dP batch (both kept in f32), then per element the logit through score_mod (al_fl_logit2,
@@ -62,11 +64,24 @@
 #ifndef AL_SM90_CONSUMERS
 #define AL_SM90_CONSUMERS 2
 #endif
-#ifndef AL_SM90_BWD_LEANP   /* see the header; off: the kernels measured in sessions 4-10 */
-#define AL_SM90_BWD_LEANP 0
+#ifndef AL_SM90_BWD_LEANP   /* see the header; 0: the kernels measured in sessions 4-10 */
+#define AL_SM90_BWD_LEANP 1
 #endif
-/* step 2 compiled twice, with and without the per-element test (AL_SM90_BWD_LEANP, no mask_mod) */
-#define B90_P_TWICE (AL_SM90_BWD_LEANP && !AL_HAS_MASK_MOD)
+/* AL_SM90_BWD_DQ_VN64 1 | 0: the dQ kernel's variant path (score_mod) in one slice of the whole tile (VN = 64:
+ * m64n64 products for S and dP, as the plain path) instead of two of 32 columns, when there is no mask_mod
+ * (whose capture reads spilled with VN = 64). On since session 12 (soft-capped backward -1.4 to -2%). */
+#ifndef AL_SM90_BWD_DQ_VN64
+#define AL_SM90_BWD_DQ_VN64 1
+#endif
+/* AL_SM90_BWD_MM_TWICE 1 | 0: a mask_mod-only variant's step 2 compiled twice as well, the copy without the
+ * keep-bit test for a full block (2) whose box lies inside the lengths and band. On since session 12: causal
+ * through mask_mod + a block mask went from 1.10-1.13x built-in causal's backward to 1.02-1.06x. */
+#ifndef AL_SM90_BWD_MM_TWICE
+#define AL_SM90_BWD_MM_TWICE 1
+#endif
+/* step 2 compiled twice, with and without the per-element test (AL_SM90_BWD_LEANP; with mask_mod only with
+ * AL_SM90_BWD_MM_TWICE) */
+#define B90_P_TWICE (AL_SM90_BWD_LEANP && (!AL_HAS_MASK_MOD || AL_SM90_BWD_MM_TWICE))
 /* the dQ kernel's dP = dO V^T issued right after S, in a group of its own, so that it runs during step 2 (in
  * the dK/dV kernel, dP^T beside its two accumulators and the hoisted columns spilled 156 bytes) */
 #define B90_DP_EARLY (AL_SM90_BWD_LEANP && AL_SM90_ROLE == 1)
@@ -130,10 +145,11 @@ AL_DEV al_u32 b90_mul2(al_u32 a, al_u32 b) {
 /* acc[64 x 64] = A (owned rows of this warpgroup, K-major) * B^T (streamed tile, K-major), over D */
 AL_DEV void b90_ss(float *acc, al_u32 own, al_u32 tile) {
     using namespace b90;
+    const al_u64 da0 = al_desc_sw128(own, 16, 1024), db0 = al_desc_sw128(tile, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
-        const al_u64 da = al_desc_sw128(own + (ks >> 2) * (R * 128) + (ks & 3) * 32, 16, 1024);
-        const al_u64 db = al_desc_sw128(tile + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+        const al_u64 da = al_desc_off(da0, own, (ks >> 2) * (R * 128) + (ks & 3) * 32, 16, 1024);
+        const al_u64 db = al_desc_off(db0, tile, (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
         al_wgmma_ss_n64(acc, da, db, ks > 0);
     }
 }
@@ -141,15 +157,17 @@ AL_DEV void b90_ss(float *acc, al_u32 own, al_u32 tile) {
 /* acc[64 x D] += A (16-bit fragments of a 64 x BN accumulator) * tile (BN x D, MN-major), k-steps [k0, k1) */
 AL_DEV void b90_rs_part(float *acc, const al_u32 (*pa)[4], al_u32 tile, int k0, int k1) {
     using namespace b90;
+    const al_u64 d0 = al_desc_sw128(tile, BN * 128, 1024);
 #pragma unroll
-    for (int kk = k0; kk < k1; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_sw128(tile + kk * (16 * 128), BN * 128, 1024));
+    for (int kk = k0; kk < k1; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_off(d0, tile, kk * (16 * 128), BN * 128, 1024));
 }
 
 /* acc[64 x D] += A (16-bit fragments of a 64 x BN accumulator) * tile (BN x D, MN-major) */
 AL_DEV void b90_rs(float *acc, const al_u32 (*pa)[4], al_u32 tile) {
     using namespace b90;
+    const al_u64 d0 = al_desc_sw128(tile, BN * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_sw128(tile + kk * (16 * 128), BN * 128, 1024));
+    for (int kk = 0; kk < BN / 16; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_off(d0, tile, kk * (16 * 128), BN * 128, 1024));
 }
 
 #if AL_VARIANT
@@ -162,6 +180,8 @@ AL_DEV void b90_rs(float *acc, const al_u32 (*pa)[4], al_u32 tile) {
 #ifndef B90_VN
 #if AL_SM90_ROLE == 0 && AL_HEAD_DIM > 64 && (AL_HAS_MASK_MOD || AL_HAS_CAPTURE_GRAD)
 #define B90_VN 16
+#elif AL_SM90_BWD_DQ_VN64 && AL_SM90_ROLE == 1 && !AL_HAS_MASK_MOD
+#define B90_VN 64
 #else
 #define B90_VN 32
 #endif
@@ -193,10 +213,11 @@ AL_DEV void b90_fence_regs_vn(float *d) {
  * r0 a multiple of 8, so the slice starts on a 1024-byte swizzle atom) */
 AL_DEV void b90_ss_vn(float *acc, al_u32 own, al_u32 tile, int r0) {
     using namespace b90;
+    const al_u64 da0 = al_desc_sw128(own, 16, 1024), db0 = al_desc_sw128(tile, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
-        const al_u64 da = al_desc_sw128(own + (ks >> 2) * (R * 128) + (ks & 3) * 32, 16, 1024);
-        const al_u64 db = al_desc_sw128(tile + (ks >> 2) * (BN * 128) + r0 * 128 + (ks & 3) * 32, 16, 1024);
+        const al_u64 da = al_desc_off(da0, own, (ks >> 2) * (R * 128) + (ks & 3) * 32, 16, 1024);
+        const al_u64 db = al_desc_off(db0, tile, (ks >> 2) * (BN * 128) + r0 * 128 + (ks & 3) * 32, 16, 1024);
 #if B90_VN == 16
         b90_wgmma_ss_n16(acc, da, db, ks > 0);
 #elif B90_VN == 32
@@ -520,7 +541,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                 }
 
                 /* V3. this slice's k-steps of role 0's dV += P^T dO and dK += dS^T Q, or role 1's dQ += dS K
-                 * (waited for here, so the slice's fragments die before the next slice's S and dP) */
+                 * (waited for here, so the slice's fragments die before the next slice's S and dP: leaving
+                 * the wait to the next slice's V1 spilled 44 bytes in the d=128 dK/dV kernel, session 12) */
                 al_wg_fence();
 #if AL_SM90_ROLE == 0
                 b90_rs_part(acc0, pa, t1, h0 / 16, (h0 + B90_VN) / 16);
@@ -657,7 +679,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             for (int e = 0; e < 4; e++) {
                 const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
 #if AL_HAS_MASK_MOD
-                const int ok = (keep >> (4 * t + e)) & 1u;
+                const int ok = decltype(all_in)::value || ((keep >> (4 * t + e)) & 1u);
                 (void)orow;
                 (void)col;
 #elif AL_SM90_ROLE == 0
@@ -679,7 +701,9 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         };
         /* AL_SM90_BWD_LEANP: a tile whose whole box lies inside the lengths and the band (a uniform test) takes
          * a copy of the step without the per-element test */
-#if AL_SM90_ROLE == 0
+#if AL_HAS_MASK_MOD
+        if (!mod_on && box_in) p_step(b90_flag<true>());   /* keep is all ones there */
+#elif AL_SM90_ROLE == 0
         if (b90_box_inside(s, c0, c0 + BN, own0, own0 + R)) p_step(b90_flag<true>());
 #else
         if (b90_box_inside(s, own0, own0 + R, c0, c0 + BN)) p_step(b90_flag<true>());

@@ -9,8 +9,9 @@
  *   AL_MASK_KIND 0 none | 1 causal | 2 window (runtime wl, wr); AL_BOTTOM_RIGHT 0 | 1
  *   AL_SM90_BN (key rows per tile: 64 or 128), AL_SM90_STAGES (K/V smem stages),
  *   AL_SM90_CONSUMERS (consumer warpgroups, 64 query rows each; BM = 64 * CONSUMERS)
- *   AL_SM90_LATE_WAIT 0 | 1: opt-in, not yet timed on a GPU: o rescaled before O += P V is issued and the
- *   wait for that product kept below the softmax (ptxas hoisted it above; docs/FLASH.md, "Reading the SASS")
+ *   AL_SM90_LATE_WAIT 1 | 0: o rescaled before O += P V is issued and the wait for that product kept below
+ *   the softmax (ptxas hoisted it above; docs/FLASH.md, "Reading the SASS"); 0 is the schedule of sessions
+ *   5-10. On since session 12: +2-4% forward at d = 128 (docs/PERFORMANCE.md), bit-identical results
  *   Variants: AL_SCORE_MOD (or its folded form AL_SCORE_PRE / AL_SCORE_POST) / AL_MASK_MOD / AL_VARIANT /
  *   AL_BLOCK_MASK / AL_EX2_FMA_EVERY as in kernels/flash_common.cuh (the forward's hooks; the host needs
  *   block_m % BM == 0 and block_n % BN == 0, so a tile lies in one block). score_mod turns each score
@@ -68,8 +69,8 @@
 #ifndef AL_SM90_PIPE   /* d = 256: P(j-1) live beside O's 128 registers and S spilled 16 bytes */
 #define AL_SM90_PIPE (AL_HEAD_DIM <= 128)
 #endif
-#ifndef AL_SM90_LATE_WAIT   /* see the header; off: the schedule measured in sessions 5-10 */
-#define AL_SM90_LATE_WAIT 0
+#ifndef AL_SM90_LATE_WAIT   /* see the header; 0: the schedule measured in sessions 5-10 */
+#define AL_SM90_LATE_WAIT 1
 #endif
 #ifndef AL_SM90_PINGPONG
 #define AL_SM90_PINGPONG (AL_SM90_CONSUMERS == 2)
@@ -284,10 +285,11 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         const al_u32 kt = sK + stg * KV_BYTES;
         al_mbar_wait(BAR_KF(stg), ph);
         al_wg_fence();
+        const al_u64 da0 = al_desc_sw128(qa, 16, 1024), db0 = al_desc_sw128(kt, 16, 1024);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
-            const al_u64 da = al_desc_sw128(qa + (ks >> 2) * (BM * 128) + (ks & 3) * 32, 16, 1024);
-            const al_u64 db = al_desc_sw128(kt + (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+            const al_u64 da = al_desc_off(da0, qa, (ks >> 2) * (BM * 128) + (ks & 3) * 32, 16, 1024);
+            const al_u64 db = al_desc_off(db0, kt, (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
             AL_WG_SS_S(sc, da, db, ks > 0);
         }
         al_wg_commit();
@@ -297,9 +299,11 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         const int stg = j % ST, ph = (j / ST) & 1;
         al_mbar_wait(BAR_VF(stg), ph);
         al_wg_fence();
+        const al_u32 vt = sV + stg * KV_BYTES;
+        const al_u64 dv0 = al_desc_sw128(vt, BN * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            AL_WG_RS_O(o, pa[kk], al_desc_sw128(sV + stg * KV_BYTES + kk * (16 * 128), BN * 128, 1024));
+            AL_WG_RS_O(o, pa[kk], al_desc_off(dv0, vt, kk * (16 * 128), BN * 128, 1024));
         al_wg_commit();
     };
     /* after O(j) retired: o and pa are free again, V(j)'s stage goes back to the producer */

@@ -17,9 +17,10 @@
  * Representative variant specialisations of the Hopper backward (score_mod + score_grad soft-capping,
  * mask_mod + block mask, a capture-read score_mod with its capture gradient, all hooks at once; both
  * kernels each, the hooks written as variants.lua writes them) are compiled too, and must not spill.
- * The opt-in schedules (-DAL_SM90_LATE_WAIT=1 for the Hopper forward at d 64/128, -DAL_SM90_BWD_LEANP=1 for
- * both backward kernels at d 128; off by default, docs/FLASH.md "Reading the SASS") are compiled beside the
- * defaults, with the same checks, so that switching one on for a GPU A/B needs no other change.
+ * The earlier schedules, kept as opt-outs (-DAL_SM90_LATE_WAIT=0 for the Hopper forward at d 64/128,
+ * -DAL_SM90_BWD_LEANP=0 for both backward kernels at d 128; on by default since session 12, docs/FLASH.md
+ * "Reading the SASS") are compiled beside the defaults, with the same checks, so that an A/B back to them
+ * (scripts/flash_ab.sh) needs no other change.
  * Kernel folder: $ATTNLAB_KERNEL_DIR, else ./kernels (make test runs from the repository root).
  * Specialisations compile in parallel (OpenMP threads; OMP_NUM_THREADS caps them);
  * ATTNLAB_NVRTC_TEST_ONLY="fwd d128" keeps the specialisations whose name contains the text;
@@ -157,11 +158,11 @@ static void dump_cubin(const char *name, const char *arch, const char *cub, size
 }
 
 /* prefix: a variant's generated source (compiled as nvrtc_cache.cu does: prefix, a newline, the file), or NULL */
-/* The opt-in schedules compiled beside the defaults (each must not spill or serialise either): a job's
- * extra -D option and the word its name gets. */
-enum { OPT_NONE = 0, OPT_LATE_WAIT = 1, OPT_BWD_LEANP = 2 };
-static const char *const k_opt_define[] = {NULL, "-DAL_SM90_LATE_WAIT=1", "-DAL_SM90_BWD_LEANP=1"};
-static const char *const k_opt_word[] = {"", " late-wait", " bwd-leanp"};
+/* The earlier schedules kept as opt-outs, compiled beside the defaults (each must not spill or serialise
+ * either, so an A/B back to them stays possible): a job's extra -D option and the word its name gets. */
+enum { OPT_NONE = 0, OPT_EARLY_WAIT = 1, OPT_BWD_CLASSIC = 2 };
+static const char *const k_opt_define[] = {NULL, "-DAL_SM90_LATE_WAIT=0", "-DAL_SM90_BWD_LEANP=0"};
+static const char *const k_opt_word[] = {"", " early-wait", " bwd-classic"};
 
 static void compile_one(const al_flash_spec *s, const char *arch, int fam, const char *prefix, int opt, result *r) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
@@ -221,7 +222,7 @@ int main(void) {
     /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a), and
-     * with the opt-in schedules (the forward's bf16 d128 job, the backward's two) */
+     * with the opt-out schedules (the forward's bf16 d128 job, the backward's two) */
     enum { MAX_GEN = 16, JOBS_PER_GEN = 9 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
@@ -245,7 +246,7 @@ int main(void) {
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
     const int nspec = al_flash_spec_count(),
               n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS +
-                       JOBS_PER_GEN * ngen + 15 + 20;   /* + the opt-in jobs */
+                       JOBS_PER_GEN * ngen + 15 + 20;   /* + the opt-out jobs */
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
     const char **archs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *archs);
@@ -253,7 +254,7 @@ int main(void) {
     char **prefix = calloc((size_t)(nspec * 2 + n_sm90), sizeof *prefix);   /* variant sources, NULL = none */
     const char **what = calloc((size_t)(nspec * 2 + n_sm90), sizeof *what);
     char *generated = calloc((size_t)(nspec * 2 + n_sm90), 1);   /* 1: a job of the snippets file */
-    char *xopt = calloc((size_t)(nspec * 2 + n_sm90), 1);        /* OPT_*: an opt-in schedule */
+    char *xopt = calloc((size_t)(nspec * 2 + n_sm90), 1);        /* OPT_*: an opt-out schedule */
     const char *only = getenv("ATTNLAB_NVRTC_TEST_ONLY");   /* a name substring, e.g. "fwd d128 bf16" */
     char nm[96];
     for (int i = 0; i < nspec; i++) {
@@ -279,8 +280,8 @@ int main(void) {
         sm90[njobs] = FAM_SM90_FWD;
         archs[njobs++] = "sm_90a";
     }
-    /* AL_SM90_LATE_WAIT (opt-in, kernels/flash_fwd_sm90.cu; it changes the PIPE schedule, d <= 128): the 10
-     * d = 128 specialisations and the 5 bf16 ones at d = 64 with it, which must not spill or serialise either;
+    /* AL_SM90_LATE_WAIT=0 (the opt-out, kernels/flash_fwd_sm90.cu; it changes the PIPE schedule, d <= 128): the
+     * 10 d = 128 specialisations and the 5 bf16 ones at d = 64 with it, which must not spill or serialise either;
      * the generated variants get one such job each below */
     for (int i = 0; i < al_flash_sm90_spec_count(); i++) {
         al_flash_sm90_spec_at(i, &specs[njobs]);
@@ -289,10 +290,10 @@ int main(void) {
         al_flash_sm90_spec_name(&specs[njobs], nm, sizeof nm);
         if (only && *only && !strstr(nm, only)) continue;
         sm90[njobs] = FAM_SM90_FWD;
-        xopt[njobs] = OPT_LATE_WAIT;
+        xopt[njobs] = OPT_EARLY_WAIT;
         archs[njobs++] = "sm_90a";
     }
-    /* AL_SM90_BWD_LEANP (opt-in, kernels/flash_bwd_sm90.cu): the 20 d = 128 (specialisation, kernel) pairs; the
+    /* AL_SM90_BWD_LEANP=0 (the opt-out, kernels/flash_bwd_sm90.cu): the 20 d = 128 (specialisation, kernel) pairs; the
      * generated variants get one such job per kernel below */
     for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
         int role = 0;
@@ -301,7 +302,7 @@ int main(void) {
         al_flash_sm90_bwd_name(&specs[njobs], role, nm, sizeof nm);
         if (only && *only && !strstr(nm, only)) continue;
         sm90[njobs] = FAM_SM90_BWD_DKDV + role;
-        xopt[njobs] = OPT_BWD_LEANP;
+        xopt[njobs] = OPT_BWD_CLASSIC;
         archs[njobs++] = "sm_90a";
     }
     for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
@@ -332,9 +333,9 @@ int main(void) {
         }
     for (int i = 0; i < ngen; i++) {
         static const struct { int fam, kind, d, bf16, mask, opt; } J[JOBS_PER_GEN] = {
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, OPT_LATE_WAIT},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_LEANP},
-            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_LEANP},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, OPT_EARLY_WAIT},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_CLASSIC},
+            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_CLASSIC},
             {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0},
             {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0},
             {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
