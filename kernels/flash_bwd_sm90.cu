@@ -22,7 +22,8 @@
  * hoisted into the S batch, in both kernels a copy of the step without per-element tests for tiles wholly
  * inside the lengths and band, and the dQ kernel's dP issued beside S (docs/FLASH.md, "Reading the SASS").
  * 0 is the loop of sessions 4-10. On since session 12: backward +24-27% at d = 128 (docs/PERFORMANCE.md),
- * bit-identical results. Variant builds (score_mod etc.) have their own step and do not use it.
+ * bit-identical results. Variant builds that read the score (score_mod, capture gradients) have their own
+ * sliced step (below) and do not use it; mask_mod-only variants do (AL_SM90_BWD_MM_TWICE).
  * Variants (the hooks of kernels/flash_common.cuh, AL_VARIANT, AL_BLOCK_MASK; semantics exactly those of
  * kernels/flash_bwd.cu): a variant build replaces steps 1-5 below, per slice of B90_VN stream columns, by
  * one S + dP batch (both kept in f32), then per element the logit through score_mod (al_fl_logit2,

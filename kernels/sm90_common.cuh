@@ -163,7 +163,7 @@ AL_DEV al_u64 al_desc_sw128(al_u32 addr, al_u32 lbo, al_u32 sbo) {
  * so (base + off) >> 4 < 2^14), so the result is the same descriptor. 0: al_desc_sw128 of base + off, whose
  * mask and shift ptxas cannot fold into a constant, so every wgmma paid for its two descriptors (SASS,
  * session 12: an IADD, a LOP3 / SHF and an R2UR or two per wgmma). d must be al_desc_sw128(base, lbo, sbo).
- * On since session 12 (3-4% fewer instructions in the kernels' loops; docs/PERFORMANCE.md). */
+ * On since session 12 (2-4% fewer instructions per kernel, same results; docs/PERFORMANCE.md). */
 #ifndef AL_SM90_DESC_ADD
 #define AL_SM90_DESC_ADD 1
 #endif
