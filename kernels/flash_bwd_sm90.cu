@@ -18,12 +18,10 @@
  *
  * Specialisations (-D): AL_HEAD_DIM 64 | 128, AL_BF16, AL_MASK_KIND, AL_BOTTOM_RIGHT, AL_SM90_ROLE,
  * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS. Not here: d = 256, ALiBi.
- * AL_SM90_BWD_LEANP 1 | 0: a lean P step (step 2 of the loop): the dK/dV kernel's lse2 / D column loads
- * hoisted into the S batch, in both kernels a copy of the step without per-element tests for tiles wholly
- * inside the lengths and band, and the dQ kernel's dP issued beside S (docs/FLASH.md, "Reading the SASS").
- * 0 is the loop of sessions 4-10. On since session 12: backward +24-27% at d = 128 (docs/PERFORMANCE.md),
- * bit-identical results. Variant builds that read the score (score_mod, capture gradients) have their own
- * sliced step (below) and do not use it; mask_mod-only variants do (AL_SM90_BWD_MM_TWICE).
+ * The P step (step 2 of the loop) is lean since session 12 (+24-27% at d = 128; it was the switch
+ * AL_SM90_BWD_LEANP, docs/FLASH.md "Reading the SASS"): the dK/dV kernel's lse2 / D columns loaded during
+ * the S batch, in both kernels a copy of the step without per-element tests for tiles wholly inside the
+ * lengths and band (mask_mod-only variants too, for full blocks), and the dQ kernel's dP issued beside S.
  * Variants (the hooks of kernels/flash_common.cuh, AL_VARIANT, AL_BLOCK_MASK; semantics exactly those of
  * kernels/flash_bwd.cu): a variant build replaces steps 1-5 below, per slice of B90_VN stream columns, by
  * one S + dP batch (both kept in f32), then per element the logit through score_mod (al_fl_logit2,
@@ -65,27 +63,6 @@
 #ifndef AL_SM90_CONSUMERS
 #define AL_SM90_CONSUMERS 2
 #endif
-#ifndef AL_SM90_BWD_LEANP   /* see the header; 0: the kernels measured in sessions 4-10 */
-#define AL_SM90_BWD_LEANP 1
-#endif
-/* AL_SM90_BWD_DQ_VN64 1 | 0: the dQ kernel's variant path (score_mod) in one slice of the whole tile (VN = 64:
- * m64n64 products for S and dP, as the plain path) instead of two of 32 columns, when there is no mask_mod
- * (whose capture reads spilled with VN = 64). On since session 12 (soft-capped backward -1.4 to -2%). */
-#ifndef AL_SM90_BWD_DQ_VN64
-#define AL_SM90_BWD_DQ_VN64 1
-#endif
-/* AL_SM90_BWD_MM_TWICE 1 | 0: a mask_mod-only variant's step 2 compiled twice as well, the copy without the
- * keep-bit test for a full block (2) whose box lies inside the lengths and band. On since session 12: causal
- * through mask_mod + a block mask went from 1.10-1.13x built-in causal's backward to 1.02-1.06x. */
-#ifndef AL_SM90_BWD_MM_TWICE
-#define AL_SM90_BWD_MM_TWICE 1
-#endif
-/* step 2 compiled twice, with and without the per-element test (AL_SM90_BWD_LEANP; with mask_mod only with
- * AL_SM90_BWD_MM_TWICE) */
-#define B90_P_TWICE (AL_SM90_BWD_LEANP && (!AL_HAS_MASK_MOD || AL_SM90_BWD_MM_TWICE))
-/* the dQ kernel's dP = dO V^T issued right after S, in a group of its own, so that it runs during step 2 (in
- * the dK/dV kernel, dP^T beside its two accumulators and the hoisted columns spilled 156 bytes) */
-#define B90_DP_EARLY (AL_SM90_BWD_LEANP && AL_SM90_ROLE == 1)
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on stream tiles per CTA)"
 #endif
@@ -149,8 +126,8 @@ AL_DEV void b90_ss(float *acc, al_u32 own, al_u32 tile) {
     const al_u64 da0 = al_desc_sw128(own, 16, 1024), db0 = al_desc_sw128(tile, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
-        const al_u64 da = al_desc_off(da0, own, (ks >> 2) * (R * 128) + (ks & 3) * 32, 16, 1024);
-        const al_u64 db = al_desc_off(db0, tile, (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+        const al_u64 da = al_desc_off(da0, (ks >> 2) * (R * 128) + (ks & 3) * 32);
+        const al_u64 db = al_desc_off(db0, (ks >> 2) * (BN * 128) + (ks & 3) * 32);
         al_wgmma_ss_n64(acc, da, db, ks > 0);
     }
 }
@@ -160,7 +137,7 @@ AL_DEV void b90_rs_part(float *acc, const al_u32 (*pa)[4], al_u32 tile, int k0, 
     using namespace b90;
     const al_u64 d0 = al_desc_sw128(tile, BN * 128, 1024);
 #pragma unroll
-    for (int kk = k0; kk < k1; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_off(d0, tile, kk * (16 * 128), BN * 128, 1024));
+    for (int kk = k0; kk < k1; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_off(d0, kk * (16 * 128)));
 }
 
 /* acc[64 x D] += A (16-bit fragments of a 64 x BN accumulator) * tile (BN x D, MN-major) */
@@ -168,7 +145,7 @@ AL_DEV void b90_rs(float *acc, const al_u32 (*pa)[4], al_u32 tile) {
     using namespace b90;
     const al_u64 d0 = al_desc_sw128(tile, BN * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_off(d0, tile, kk * (16 * 128), BN * 128, 1024));
+    for (int kk = 0; kk < BN / 16; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_off(d0, kk * (16 * 128)));
 }
 
 #if AL_VARIANT
@@ -176,12 +153,14 @@ AL_DEV void b90_rs(float *acc, const al_u32 (*pa)[4], al_u32 tile) {
  * those columns' k-steps of the RS products, so only one slice of S, dP and their 16-bit fragments is
  * live next to the accumulators. VN = 32, except 16 in the dK/dV kernel at d = 128 with a mask_mod or a
  * capture gradient: there its two 64-register accumulators leave too little room under the consumers' 224
- * registers (VN = 32 spilled 4-200 bytes with those hooks in ptxas, 64 spilled with some hooks in the dQ
- * kernel too). Figures: tests/c/test_nvrtc_kernels.c prints them, and checks 0 spills. */
+ * registers (VN = 32 spilled 4-200 bytes with those hooks in ptxas), and 64 (the whole tile, m64n64
+ * products as the plain path: 20 wgmma per tile instead of 36) in the dQ kernel without a mask_mod (with
+ * one, some hooks spilled; soft-capped backward 1.4-2% faster, session 12). Figures:
+ * tests/c/test_nvrtc_kernels.c prints them, and checks 0 spills. */
 #ifndef B90_VN
 #if AL_SM90_ROLE == 0 && AL_HEAD_DIM > 64 && (AL_HAS_MASK_MOD || AL_HAS_CAPTURE_GRAD)
 #define B90_VN 16
-#elif AL_SM90_BWD_DQ_VN64 && AL_SM90_ROLE == 1 && !AL_HAS_MASK_MOD
+#elif AL_SM90_ROLE == 1 && !AL_HAS_MASK_MOD
 #define B90_VN 64
 #else
 #define B90_VN 32
@@ -217,8 +196,8 @@ AL_DEV void b90_ss_vn(float *acc, al_u32 own, al_u32 tile, int r0) {
     const al_u64 da0 = al_desc_sw128(own, 16, 1024), db0 = al_desc_sw128(tile, 16, 1024);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
-        const al_u64 da = al_desc_off(da0, own, (ks >> 2) * (R * 128) + (ks & 3) * 32, 16, 1024);
-        const al_u64 db = al_desc_off(db0, tile, (ks >> 2) * (BN * 128) + r0 * 128 + (ks & 3) * 32, 16, 1024);
+        const al_u64 da = al_desc_off(da0, (ks >> 2) * (R * 128) + (ks & 3) * 32);
+        const al_u64 db = al_desc_off(db0, (ks >> 2) * (BN * 128) + r0 * 128 + (ks & 3) * 32);
 #if B90_VN == 16
         b90_wgmma_ss_n16(acc, da, db, ks > 0);
 #elif B90_VN == 32
@@ -599,24 +578,25 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
         /* 1. S (role 0: S^T = K Q^T) */
         float sc[BN / 2];
-#if B90_DP_EARLY
+#if AL_SM90_ROLE == 1
         float dp[BN / 2];
 #endif
         al_wg_fence();
         b90_ss(sc, a0, t0);
         al_wg_commit();
-#if B90_DP_EARLY
-        /* (AL_SM90_BWD_LEANP) dP does not depend on P here: issued now, it runs while step 2 computes P. Without
-         * it ptxas moved the dP issue up between step 2's instructions anyway; with step 2 in two copies behind
-         * a branch it could not, and dP waited for P (SASS, session 11). */
+#if AL_SM90_ROLE == 1
+        /* dP does not depend on P here: issued now, in a commit group of its own, it runs while step 2
+         * computes P. ptxas moved the dP issue up between step 2's instructions by itself; with step 2 in two
+         * copies behind a branch it could not, and dP waited for P (SASS, session 11). In the dK/dV kernel
+         * dP^T beside its two accumulators and the hoisted columns spilled 156 bytes: not there. */
         b90_ss(dp, a1, t1);
         al_wg_commit();
 #endif
-#if AL_SM90_ROLE == 0 && AL_SM90_BWD_LEANP
-        /* AL_SM90_BWD_LEANP: this thread's lse2 and D columns loaded while S runs, from one base pointer with
-         * constant offsets. Without it they are loaded in step 2, each through its own 64-bit address (the
-         * SASS re-reads the pointer parameter and rebuilds the address per element: ~300 of the loop's ~810
-         * instructions at d = 128, bf16, session 11) and right before their use, behind S's wait. A tile
+#if AL_SM90_ROLE == 0
+        /* this thread's lse2 and D columns loaded while S runs, from one base pointer with constant offsets.
+         * Loaded in step 2 instead, each through its own 64-bit address (the SASS re-read the pointer parameter
+         * and rebuilt the address per element: ~300 of the loop's ~810 instructions at d = 128, bf16, session
+         * 11) and right before their use, behind S's wait, they cost the backward 24-27% (session 12). A tile
          * whose query columns all lie inside the sequence (uniform test) loads them without predicates. */
         float l2v[BN / 8][2], ddc[BN / 8][2];
         {
@@ -640,42 +620,20 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                     }
             }
         }
-#endif
-#if B90_DP_EARLY
-        al_wg_wait<1>();                             /* S retired; dP may still run */
-#else
         al_wg_wait<0>();
+#else
+        al_wg_wait<1>();                             /* S retired; dP may still run */
 #endif
         al_wg_fence_regs_n64(sc);
 
         /* 2. P (P^T), packed to 16 bits at once (the f32 S dies here: register pressure). Element e of n8
-         * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). */
+         * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). Compiled twice: all_in
+         * (a b90_flag) says every element of the tile is kept, and that copy has no per-element test. */
         al_u32 pa[BN / 16][4];
-#if AL_SM90_ROLE == 0 && !AL_SM90_BWD_LEANP
-        float ddc[BN / 8][2];                        /* D of this thread's query columns, for step 4 */
-#endif
-        /* all_in (a b90_flag): every element of the tile is kept, no per-element test */
-#if B90_P_TWICE
         auto p_step = [&](auto all_in) {
-#else
-        {
-            constexpr b90_flag<false> all_in{};
-#endif
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
             float pe[4];
-#if AL_SM90_ROLE == 0 && AL_SM90_BWD_LEANP
-            const float *l2c = l2v[t];
-#elif AL_SM90_ROLE == 0
-            float l2c[2];
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int i = c0 + t * 8 + tq * 2 + c;
-                const int in = i < s.q_len;
-                l2c[c] = in ? __ldg(p.lse2 + lrow + i) : AL_POS_INF;
-                ddc[t][c] = in ? __ldg(p.dsum + lrow + i) : 0.0f;
-            }
-#endif
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
@@ -689,7 +647,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                 const int ok = decltype(all_in)::value || (orow < s.q_len && al_fl_valid(s, orow, col));
 #endif
 #if AL_SM90_ROLE == 0
-                const float l2 = l2c[e & 1];
+                const float l2 = l2v[t][e & 1];
 #else
                 const float l2 = lr[e >> 1];
 #endif
@@ -698,32 +656,28 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pe[0], pe[1]);
             pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pe[2], pe[3]);
         }
-#if B90_P_TWICE
         };
-        /* AL_SM90_BWD_LEANP: a tile whose whole box lies inside the lengths and the band (a uniform test) takes
-         * a copy of the step without the per-element test */
+        /* the test-free copy: a tile whose whole box lies inside the lengths and the band (a uniform test), or
+         * with mask_mod a full block (2) whose box does (keep is all ones there). Without it, causal through
+         * mask_mod + a block mask took 1.10-1.13x built-in causal's backward (session 12). */
 #if AL_HAS_MASK_MOD
-        if (!mod_on && box_in) p_step(b90_flag<true>());   /* keep is all ones there */
+        if (!mod_on && box_in) p_step(b90_flag<true>());
 #elif AL_SM90_ROLE == 0
         if (b90_box_inside(s, c0, c0 + BN, own0, own0 + R)) p_step(b90_flag<true>());
 #else
         if (b90_box_inside(s, own0, own0 + R, c0, c0 + BN)) p_step(b90_flag<true>());
 #endif
         else p_step(b90_flag<false>());
-#else
-        }
-#endif
 
-        /* 3. dP (role 0: dP^T = V dO^T), and role 0's dV += P^T dO in the same batch */
-#if B90_DP_EARLY
+        /* 3. dP (role 0: dP^T = V dO^T), and role 0's dV += P^T dO in the same batch; the dQ kernel's dP was
+         * issued in step 1 */
+#if AL_SM90_ROLE == 1
         al_wg_wait<0>();
 #else
         float dp[BN / 2];
         al_wg_fence();
         b90_ss(dp, a1, t1);
-#if AL_SM90_ROLE == 0
         b90_rs(acc0, pa, t1);
-#endif
         al_wg_commit();
         al_wg_wait<0>();
 #endif

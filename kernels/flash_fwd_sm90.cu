@@ -9,9 +9,6 @@
  *   AL_MASK_KIND 0 none | 1 causal | 2 window (runtime wl, wr); AL_BOTTOM_RIGHT 0 | 1
  *   AL_SM90_BN (key rows per tile: 64 or 128), AL_SM90_STAGES (K/V smem stages),
  *   AL_SM90_CONSUMERS (consumer warpgroups, 64 query rows each; BM = 64 * CONSUMERS)
- *   AL_SM90_LATE_WAIT 1 | 0: o rescaled before O += P V is issued and the wait for that product kept below
- *   the softmax (ptxas hoisted it above; docs/FLASH.md, "Reading the SASS"); 0 is the schedule of sessions
- *   5-10. On since session 12: +2-4% forward at d = 128 (docs/PERFORMANCE.md), bit-identical results
  *   Variants: AL_SCORE_MOD (or its folded form AL_SCORE_PRE / AL_SCORE_POST) / AL_MASK_MOD / AL_VARIANT /
  *   AL_BLOCK_MASK / AL_EX2_FMA_EVERY as in kernels/flash_common.cuh (the forward's hooks; the host needs
  *   block_m % BM == 0 and block_n % BN == 0, so a tile lies in one block). score_mod turns each score
@@ -44,7 +41,10 @@
  *   inside a warpgroup S(j+1) = Q K(j+1)^T is issued together with O += P(j) V(j), the softmax of S(j+1)
  *   running while the O product is in flight (AL_SM90_PIPE; off at d = 256, where P(j) beside O's 128
  *   registers spilled). H200, bf16, d = 128: 559-613 -> 602-649 TFLOP/s non-causal, 502-569 -> 544-676
- *   causal (docs/PERFORMANCE.md, session 5).
+ *   causal (docs/PERFORMANCE.md, session 5). With PIPE, o is rescaled between the S(j+1) and O(j) issues
+ *   (FA3's order) and the wait for O(j) is kept below the softmax by al_block_end (ptxas hoisted it above,
+ *   so the exponentials waited for the warpgroup's own O product; docs/FLASH.md, "Reading the SASS"):
+ *   +2-4% at d = 128 in session 12 (the switch AL_SM90_LATE_WAIT then, since removed).
  *   Epilogue: O / l stored from registers (16-bit pairs), LSE = (m + log2 l) ln 2.
  *   Not yet: TMA stores of O, a persistent tile scheduler, cluster multicast of K/V.
  * Shared memory (from a 1024-byte aligned base): Q [D/64 boxes][BM][64] | K [STAGES][D/64][BN][64] |
@@ -69,9 +69,6 @@
 #ifndef AL_SM90_PIPE   /* d = 256: P(j-1) live beside O's 128 registers and S spilled 16 bytes */
 #define AL_SM90_PIPE (AL_HEAD_DIM <= 128)
 #endif
-#ifndef AL_SM90_LATE_WAIT   /* see the header; 0: the schedule measured in sessions 5-10 */
-#define AL_SM90_LATE_WAIT 1
-#endif
 #ifndef AL_SM90_PINGPONG
 #define AL_SM90_PINGPONG (AL_SM90_CONSUMERS == 2)
 #endif
@@ -93,7 +90,6 @@ constexpr int PRODUCER_REGS = 64;
 constexpr int CONSUMER_REGS = 216;
 constexpr bool PIPE = AL_SM90_PIPE;           /* S(j+1) and O += P(j) V(j) issued together */
 constexpr bool PINGPONG = AL_SM90_PINGPONG;   /* the two consumers alternate on the tensor cores */
-constexpr bool LATE_WAIT = AL_SM90_LATE_WAIT; /* PIPE: the O(j-1) wait kept below the softmax */
 static_assert(!PINGPONG || NC == 2, "ping-pong needs exactly two consumer warpgroups");
 static_assert(BN == 64 || BN == 128, "BLOCK_N is 64 or 128");
 static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128, 256");
@@ -288,8 +284,8 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         const al_u64 da0 = al_desc_sw128(qa, 16, 1024), db0 = al_desc_sw128(kt, 16, 1024);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
-            const al_u64 da = al_desc_off(da0, qa, (ks >> 2) * (BM * 128) + (ks & 3) * 32, 16, 1024);
-            const al_u64 db = al_desc_off(db0, kt, (ks >> 2) * (BN * 128) + (ks & 3) * 32, 16, 1024);
+            const al_u64 da = al_desc_off(da0, (ks >> 2) * (BM * 128) + (ks & 3) * 32);
+            const al_u64 db = al_desc_off(db0, (ks >> 2) * (BN * 128) + (ks & 3) * 32);
             AL_WG_SS_S(sc, da, db, ks > 0);
         }
         al_wg_commit();
@@ -299,11 +295,10 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         const int stg = j % ST, ph = (j / ST) & 1;
         al_mbar_wait(BAR_VF(stg), ph);
         al_wg_fence();
-        const al_u32 vt = sV + stg * KV_BYTES;
-        const al_u64 dv0 = al_desc_sw128(vt, BN * 128, 1024);
+        const al_u64 dv0 = al_desc_sw128(sV + stg * KV_BYTES, BN * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            AL_WG_RS_O(o, pa[kk], al_desc_off(dv0, vt, kk * (16 * 128), BN * 128, 1024));
+            AL_WG_RS_O(o, pa[kk], al_desc_off(dv0, kk * (16 * 128)));
         al_wg_commit();
     };
     /* after O(j) retired: o and pa are free again, V(j)'s stage goes back to the producer */
@@ -423,7 +418,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             if (PINGPONG) al_named_sync(1 + cw, 256);
             if (PIPE) {
                 issue_s(j);
-                if (LATE_WAIT) rescale();        /* by softmax(j-1)'s correction, while S(j) runs */
+                rescale();                       /* by softmax(j-1)'s correction, while S(j) runs */
                 issue_o(j - 1);
             } else {
                 issue_o(j - 1);
@@ -436,15 +431,15 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             else al_wg_wait<0>();
             softmax(j);
             if (PIPE) {
-                if (LATE_WAIT) al_block_end(j == p.SQ);   /* keeps ptxas from hoisting the wait above the softmax */
+                al_block_end(j == p.SQ);         /* keeps ptxas from hoisting the wait above the softmax */
                 al_wg_wait<0>();
                 done_o(j - 1);
             }
-            if (!(PIPE && LATE_WAIT)) rescale();
+            if (!PIPE) rescale();
             pack();
         }
         if (PINGPONG) al_named_sync(1 + cw, 256);
-        if (PIPE && LATE_WAIT && nblk > 1) rescale();   /* the last softmax's correction */
+        if (PIPE && nblk > 1) rescale();       /* the last softmax's correction */
         issue_o(nblk - 1);
         if (PINGPONG && cw == 0) al_named_arrive(2, 256);
         al_wg_wait<0>();

@@ -157,27 +157,14 @@ AL_DEV al_u64 al_desc_sw128(al_u32 addr, al_u32 lbo, al_u32 sbo) {
            ((al_u64)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
-/* AL_SM90_DESC_ADD 1 | 0: the descriptor of base + off (off a multiple of 16, known at
- * compile time in the unrolled k loops) as base's descriptor d plus off >> 4 in the low word, as CUTLASS's
- * descriptor iterator does: the 14-bit start-address field cannot carry (shared memory ends below 256 KB,
- * so (base + off) >> 4 < 2^14), so the result is the same descriptor. 0: al_desc_sw128 of base + off, whose
- * mask and shift ptxas cannot fold into a constant, so every wgmma paid for its two descriptors (SASS,
- * session 12: an IADD, a LOP3 / SHF and an R2UR or two per wgmma). d must be al_desc_sw128(base, lbo, sbo).
- * On since session 12 (2-4% fewer instructions per kernel, same results; docs/PERFORMANCE.md). */
-#ifndef AL_SM90_DESC_ADD
-#define AL_SM90_DESC_ADD 1
-#endif
-AL_DEV al_u64 al_desc_off(al_u64 d, al_u32 base, al_u32 off, al_u32 lbo, al_u32 sbo) {
-#if AL_SM90_DESC_ADD
-    (void)base;
-    (void)lbo;
-    (void)sbo;
+/* The descriptor of base + off from d = al_desc_sw128(base, lbo, sbo) (off a multiple of 16, known at
+ * compile time in the unrolled k loops): off >> 4 added to the low word, as CUTLASS's descriptor iterator
+ * does. The 14-bit start-address field cannot carry (shared memory ends below 256 KB, so (base + off) >> 4
+ * < 2^14), so it is the same descriptor; al_desc_sw128(base + off) per wgmma cost an IADD, a LOP3 / SHF and
+ * an R2UR or two each, its mask not foldable by ptxas (2-4% of the kernels' instructions, session 12). */
+AL_DEV al_u64 al_desc_off(al_u64 d, al_u32 off) {
     const al_u32 lo = (al_u32)d + (off >> 4), hi = (al_u32)(d >> 32);
     return ((al_u64)hi << 32) | lo;
-#else
-    (void)d;
-    return al_desc_sw128(base + off, lbo, sbo);
-#endif
 }
 
 /* D[64 x 64] (+)= A[64 x 16] (smem desc) * B[16 x 64] (smem desc); both K-major */

@@ -17,10 +17,6 @@
  * Representative variant specialisations of the Hopper backward (score_mod + score_grad soft-capping,
  * mask_mod + block mask, a capture-read score_mod with its capture gradient, all hooks at once; both
  * kernels each, the hooks written as variants.lua writes them) are compiled too, and must not spill.
- * The earlier schedules, kept as opt-outs (-DAL_SM90_LATE_WAIT=0 for the Hopper forward at d 64/128,
- * -DAL_SM90_BWD_LEANP=0 for both backward kernels at d 128; on by default since session 12, docs/FLASH.md
- * "Reading the SASS") are compiled beside the defaults, with the same checks, so that an A/B back to them
- * (scripts/flash_ab.sh) needs no other change.
  * Kernel folder: $ATTNLAB_KERNEL_DIR, else ./kernels (make test runs from the repository root).
  * Specialisations compile in parallel (OpenMP threads; OMP_NUM_THREADS caps them);
  * ATTNLAB_NVRTC_TEST_ONLY="fwd d128" keeps the specialisations whose name contains the text;
@@ -158,20 +154,13 @@ static void dump_cubin(const char *name, const char *arch, const char *cub, size
 }
 
 /* prefix: a variant's generated source (compiled as nvrtc_cache.cu does: prefix, a newline, the file), or NULL */
-/* The earlier schedules kept as opt-outs, compiled beside the defaults (each must not spill or serialise
- * either, so an A/B back to them stays possible): a job's extra -D option and the word its name gets. */
-enum { OPT_NONE = 0, OPT_EARLY_WAIT = 1, OPT_BWD_CLASSIC = 2 };
-static const char *const k_opt_define[] = {NULL, "-DAL_SM90_LATE_WAIT=0", "-DAL_SM90_BWD_LEANP=0"};
-static const char *const k_opt_word[] = {"", " early-wait", " bwd-classic"};
-
-static void compile_one(const al_flash_spec *s, const char *arch, int fam, const char *prefix, int opt, result *r) {
+static void compile_one(const al_flash_spec *s, const char *arch, int fam, const char *prefix, result *r) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
-    const char *o[AL_FLASH_MAX_OPTS + 1];
+    const char *o[AL_FLASH_MAX_OPTS];
     int n = fam == FAM_SM90_FWD ? al_flash_sm90_spec_options(s, opts)
           : fam >= FAM_SM90_BWD_DKDV ? al_flash_sm90_bwd_options(s, fam - FAM_SM90_BWD_DKDV, opts)
                                      : al_flash_spec_options(s, opts);
     for (int i = 0; i < n; i++) o[i] = opts[i];
-    if (opt) o[n++] = k_opt_define[opt];
     const char *names[4];
     int nf = job_functions(s, fam, names);
     const char *src = fam == FAM_SM90_FWD ? g_src[2] : fam >= FAM_SM90_BWD_DKDV ? g_src[3] : g_src[s->kind];
@@ -221,9 +210,8 @@ int main(void) {
 
     /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal), the Hopper
-     * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a), and
-     * with the opt-out schedules (the forward's bf16 d128 job, the backward's two) */
-    enum { MAX_GEN = 16, JOBS_PER_GEN = 9 };
+     * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
+    enum { MAX_GEN = 16, JOBS_PER_GEN = 6 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
@@ -246,7 +234,7 @@ int main(void) {
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
     const int nspec = al_flash_spec_count(),
               n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS +
-                       JOBS_PER_GEN * ngen + 15 + 20;   /* + the opt-out jobs */
+                       JOBS_PER_GEN * ngen;
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
     const char **archs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *archs);
@@ -254,7 +242,6 @@ int main(void) {
     char **prefix = calloc((size_t)(nspec * 2 + n_sm90), sizeof *prefix);   /* variant sources, NULL = none */
     const char **what = calloc((size_t)(nspec * 2 + n_sm90), sizeof *what);
     char *generated = calloc((size_t)(nspec * 2 + n_sm90), 1);   /* 1: a job of the snippets file */
-    char *xopt = calloc((size_t)(nspec * 2 + n_sm90), 1);        /* OPT_*: an opt-out schedule */
     const char *only = getenv("ATTNLAB_NVRTC_TEST_ONLY");   /* a name substring, e.g. "fwd d128 bf16" */
     char nm[96];
     for (int i = 0; i < nspec; i++) {
@@ -278,31 +265,6 @@ int main(void) {
         al_flash_sm90_spec_name(&specs[njobs], nm, sizeof nm);
         if (only && *only && !strstr(nm, only)) continue;
         sm90[njobs] = FAM_SM90_FWD;
-        archs[njobs++] = "sm_90a";
-    }
-    /* AL_SM90_LATE_WAIT=0 (the opt-out, kernels/flash_fwd_sm90.cu; it changes the PIPE schedule, d <= 128): the
-     * 10 d = 128 specialisations and the 5 bf16 ones at d = 64 with it, which must not spill or serialise either;
-     * the generated variants get one such job each below */
-    for (int i = 0; i < al_flash_sm90_spec_count(); i++) {
-        al_flash_sm90_spec_at(i, &specs[njobs]);
-        if (specs[njobs].d != 128 && specs[njobs].d != 64) continue;
-        if (specs[njobs].d == 64 && specs[njobs].bf16 == 0) continue;
-        al_flash_sm90_spec_name(&specs[njobs], nm, sizeof nm);
-        if (only && *only && !strstr(nm, only)) continue;
-        sm90[njobs] = FAM_SM90_FWD;
-        xopt[njobs] = OPT_EARLY_WAIT;
-        archs[njobs++] = "sm_90a";
-    }
-    /* AL_SM90_BWD_LEANP=0 (the opt-out, kernels/flash_bwd_sm90.cu): the 20 d = 128 (specialisation, kernel) pairs; the
-     * generated variants get one such job per kernel below */
-    for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
-        int role = 0;
-        al_flash_sm90_bwd_at(i, &specs[njobs], &role);
-        if (specs[njobs].d != 128) continue;
-        al_flash_sm90_bwd_name(&specs[njobs], role, nm, sizeof nm);
-        if (only && *only && !strstr(nm, only)) continue;
-        sm90[njobs] = FAM_SM90_BWD_DKDV + role;
-        xopt[njobs] = OPT_BWD_CLASSIC;
         archs[njobs++] = "sm_90a";
     }
     for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
@@ -332,16 +294,13 @@ int main(void) {
             archs[njobs++] = "sm_90a";
         }
     for (int i = 0; i < ngen; i++) {
-        static const struct { int fam, kind, d, bf16, mask, opt; } J[JOBS_PER_GEN] = {
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, OPT_EARLY_WAIT},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_CLASSIC},
-            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, OPT_BWD_CLASSIC},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE, 0},
-            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE, 0}};
+        static const struct { int fam, kind, d, bf16, mask; } J[JOBS_PER_GEN] = {
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL},
+            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL},
+            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE},
+            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE}};
         for (int k = 0; k < JOBS_PER_GEN; k++) {
             al_flash_spec *sp = &specs[njobs];
             memset(sp, 0, sizeof *sp);
@@ -357,7 +316,6 @@ int main(void) {
                                                                                              : al_flash_spec_file(sp));
             what[njobs] = gen[i].name;
             generated[njobs] = 1;
-            xopt[njobs] = (char)J[k].opt;
             sm90[njobs] = J[k].fam;
             archs[njobs++] = "sm_90a";
         }
@@ -370,13 +328,12 @@ int main(void) {
     fflush(stdout);
     double t0 = test_now_ms();
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int j = 0; j < njobs; j++) compile_one(&specs[j], archs[j], sm90[j], prefix[j], xopt[j], &res[j]);
+    for (int j = 0; j < njobs; j++) compile_one(&specs[j], archs[j], sm90[j], prefix[j], &res[j]);
     double total = test_now_ms() - t0;
 
     for (int j = 0; j < njobs; j++) {
         char name[96], tname[160];
         job_name(&specs[j], sm90[j], name, sizeof name);
-        snprintf(name + strlen(name), sizeof name - strlen(name), "%s", k_opt_word[(int)xopt[j]]);
         snprintf(tname, sizeof tname, "%s %s", name, archs[j]);
         t_current = tname;
         t_current_failed = 0;
@@ -415,7 +372,6 @@ int main(void) {
     free(prefix);
     free(what);
     free(generated);
-    free(xopt);
     free(sm90);
     free(specs);
     free(archs);
