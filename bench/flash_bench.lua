@@ -8,7 +8,8 @@
 -- The first call of each specialisation compiles it with NVRTC (or loads it from the disk cache):
 -- the harness reports that cost separately (al_flash_info) and times only warm calls.
 -- Without a usable GPU it says so and exits 0.
--- Usage: luajit bench/flash_bench.lua [--quick] [--check-only] [--deterministic]
+-- Usage: luajit bench/flash_bench.lua [--quick] [--check-only] [--deterministic] [--shape=b,h,s,d]
+--   --shape times that one shape (full iterations; --quick: 4,16,4096,128 with fewer), after the checks.
 --   ATTNLAB_BENCH_OUT=/path appends JSON lines like bench/attention_gpu_bench.lua.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
@@ -19,8 +20,17 @@ if not al.cuda.available() then
   os.exit(0)
 end
 
-local flags = {}
-for _, a in ipairs(arg or {}) do flags[a] = true end
+local flags, only_shape = {}, nil
+for _, a in ipairs(arg or {}) do
+  local sh = a:match("^%-%-shape=(.*)$")
+  if sh then
+    only_shape = {}
+    for n in sh:gmatch("[^,]+") do only_shape[#only_shape + 1] = tonumber(n) end
+    if #only_shape ~= 4 then error("flash_bench: --shape expects b,h,s,d (four integers), got " .. sh) end
+  else
+    flags[a] = true
+  end
+end
 local quick = flags["--quick"]
 local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 
@@ -126,6 +136,7 @@ local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = I
 
 local SHAPES = { { 4, 16, 4096, 128 }, { 2, 16, 8192, 128 }, { 1, 16, 16384, 128 }, { 4, 32, 4096, 64 }, { 4, 16, 4096, 256 } }
 if quick then SHAPES = { { 4, 16, 4096, 128 } } end
+if only_shape then SHAPES = { only_shape } end
 local det = flags["--deterministic"]
 print(string.format("\ntiming (bf16, %d iterations after %d warm-up calls%s)", ITERS, WARMUP, det and ", deterministic backward" or ""))
 print(string.format("%-20s %-8s %-9s %9s %9s %9s %9s  %s", "shape (b,h,s,d)", "mask", "layout", "fwd ms", "fwd TF/s",

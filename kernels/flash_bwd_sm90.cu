@@ -238,6 +238,10 @@ AL_DEV int b90_box_inside(const al_fl_seq &s, int q_lo, int q_hi, int k_lo, int 
     return in;
 }
 
+/* p.sched_hb is read by the default kernels without a window: computed coordinates live in registers where
+ * blockIdx was re-read for free, and three causal d = 128 variant dK/dV kernels spilled 4-8 bytes with them */
+#define B90_SCHED (!AL_VARIANT && AL_MASK_KIND != 2)
+
 #if AL_SM90_ROLE == 0
 #define B90_NAME al_flash_bwd_sm90_dkdv
 #else
@@ -250,14 +254,17 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
-    const int b = blockIdx.z;
+    /* causal: the longest blocks first (the dK/dV kernel's first key blocks see the most queries, the dQ
+     * kernel's last query blocks the most keys), across heads in L2-sized sections (al_fl_cta_coords) */
+    int bx, hy, b;
+    al_fl_cta_coords(B90_SCHED ? p.sched_hb : 0, AL_SM90_ROLE == 1, bx, hy, b);
     const int group = p.H / p.HG;
     const long long q_start = p.q_start ? p.q_start[b] : 0;
     const long long kv_start = p.kv_start ? p.kv_start[b] : 0;
 #if AL_SM90_ROLE == 0
-    const int hk = blockIdx.y;                       /* kv head; the stream visits its q heads */
+    const int hk = hy;                               /* kv head; the stream visits its q heads */
     const al_fl_seq s = al_fl_seq_make(p, b, hk * group);
-    const int own0 = blockIdx.x * R;                 /* first owned key row */
+    const int own0 = bx * R;                         /* first owned key row */
     if (own0 >= p.SKV) return;
     /* queries that can see keys [own0, own_last] (the band's rule solved for i) */
     const int own_last = min(own0 + R, s.kv_len) - 1;
@@ -270,9 +277,9 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     const int ntile = i_hi > i_lo ? (i_hi + BN - 1) / BN - t_lo : 0;
     int nstream = ntile * group;                     /* (q head in group, query tile) pairs; block mask: listed */
 #else
-    const int h = blockIdx.y, hk = h / group;
+    const int h = hy, hk = h / group;
     const al_fl_seq s = al_fl_seq_make(p, b, h);
-    const int own0 = blockIdx.x * R;                 /* first owned query row */
+    const int own0 = bx * R;                         /* first owned query row */
     if (own0 >= p.SQ) return;
     const int own_last = min(own0 + R, s.q_len) - 1;
     int n_lo = 0, n_hi = own0 < s.q_len ? s.kv_len : 0;

@@ -277,6 +277,38 @@ AL_DEV void al_load_tile(al_u32 s, const al_u16 *g, long long st, int valid, int
     }
 }
 
+/* ---- launch order: which (block, head, batch) a CTA works on --------------------------------------- */
+/* p.sched_hb (set per launch by the host, src/cuda/attn_flash_sm90.cu's sched_heads):
+ *   0      the grid's own order: blockIdx.x (the row block) fastest, so the blocks of one head run
+ *          together and share that head's streamed tiles in L2;
+ *   N > 0  longest first, in sections of N (head, batch) pairs taken one after another: inside a
+ *          section the blocks go from the longest to the shortest (heavy_high: the grid's last block is
+ *          the longest, as a causal forward's or dQ kernel's; else its first, as the dK/dV kernel's),
+ *          the section's heads fastest. Causal blocks differ in length up to the sequence's tile count;
+ *          in the grid's order the last head's longest block was launched near the end and ran on a
+ *          nearly idle GPU (FA3's LPT schedule; N is sized so that what N heads stream stays in L2).
+ * y and z are the grid's y (head) and z (batch) coordinates; a bijection of the grid either way. The
+ * Hopper kernels pass 0 where their F90_SCHED / B90_SCHED says they do not read it. */
+AL_DEV void al_fl_cta_coords(int sched_hb, int heavy_high, int &x, int &y, int &z) {
+    const int nx = (int)gridDim.x, ny = (int)gridDim.y;
+    if (sched_hb <= 0) {
+        x = (int)blockIdx.x;
+        y = (int)blockIdx.y;
+        z = (int)blockIdx.z;
+        return;
+    }
+    const int nhb = ny * (int)gridDim.z;
+    const int lin = (int)blockIdx.x + nx * ((int)blockIdx.y + ny * (int)blockIdx.z);
+    const int hb0 = lin / (sched_hb * nx) * sched_hb;   /* the section's first (head, batch) pair */
+    const int n = min(sched_hb, nhb - hb0);              /* pairs in this section (the last may be short) */
+    const int r = lin - hb0 * nx;
+    const int xi = r / n;                                /* 0 = the section's longest blocks */
+    const int hb = hb0 + (r - xi * n);
+    x = heavy_high ? nx - 1 - xi : xi;
+    y = hb % ny;
+    z = hb / ny;
+}
+
 /* ---- masking: attention_internal.h's rule for one (i, j), i < q_len known ------------------------ */
 struct al_fl_seq {
     int b, h;

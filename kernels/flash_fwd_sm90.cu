@@ -128,6 +128,10 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
 #define F90_KIND_OF(t) 1
 #endif
 
+/* p.sched_hb is read by the kernels without a window (whose blocks are alike): computed coordinates live
+ * in registers where blockIdx was re-read for free, and d = 256's window kernels spilled 8 bytes with them */
+#define F90_SCHED (AL_MASK_KIND != 2)
+
 /* dynamic shared memory: see al_flash_sm90_spec_tiles (src/cuda/flash_sm90_specs.h) */
 extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     al_flash_fwd_sm90(const __grid_constant__ al_flash_params p, const __grid_constant__ al_sm90_tmaps tm) {
@@ -135,10 +139,12 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
-    /* causal (and block masks whose later rows hold more tiles): the longest rows first, a short tail */
-    const int m_block = (AL_MASK_KIND == 1 || (AL_BLOCK_MASK && p.m_reverse)) ? (int)(gridDim.x - 1 - blockIdx.x)
-                                                                             : (int)blockIdx.x;
-    const int h = blockIdx.y, b = blockIdx.z;
+    /* causal (and block masks whose later rows hold more tiles): the longest rows first, a short tail;
+     * with p.sched_hb (causal) across heads too, in L2-sized sections (al_fl_cta_coords) */
+    const int heavy_high = AL_MASK_KIND == 1 || (AL_BLOCK_MASK && p.m_reverse);
+    int m_block, h, b;
+    al_fl_cta_coords(F90_SCHED ? p.sched_hb : 0, heavy_high, m_block, h, b);
+    if (p.sched_hb <= 0 && heavy_high) m_block = (int)gridDim.x - 1 - m_block;
     const int hk = h / (p.H / p.HG);
     const al_fl_seq s = al_fl_seq_make(p, b, h);
     const int m0 = m_block * BM;

@@ -18,8 +18,6 @@ typedef struct al_flash_op {
     void *ptr;
     long long sb, st, sh, sc;   /* elements */
     int dtype;                  /* AL_FLASH_DT_* (only read for the generic loads/stores) */
-    int m_reverse;                       /* block-mask variants: 1 = launch query blocks last first
-                                            (al_attn_variant.block_order); the default kernels ignore it */
 } al_flash_op;
 
 /* dtype codes (the core's al_dtype numbers, repeated so the kernels need no header) */
@@ -47,6 +45,8 @@ typedef struct al_flash_params {
     int wl, wr;                          /* window (window mask kind only), -1 = unbounded */
     int m_reverse;                       /* block-mask variants: 1 = launch query blocks last first
                                             (al_attn_variant.block_order); the default kernels ignore it */
+    int sched_hb;                        /* Hopper kernels' launch order (flash_common.cuh's al_fl_cta_coords):
+                                            0 = the grid's, N = longest blocks first in sections of N heads */
     float scale;                         /* softmax scale */
     float scale_log2;                    /* scale * log2(e) */
     /* variants (score_mod / mask_mod, flash_common.cuh's hooks; only variant specialisations read

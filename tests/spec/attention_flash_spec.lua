@@ -289,6 +289,56 @@ describe("attention flash backend #gpu", function()
     assert(n >= 20, "only " .. n .. " cases ran")
   end)
 
+  -- The Hopper kernels' launch order (p.sched_hb; causal launches go longest block first, across heads, in
+  -- sections of (head, batch) pairs; ATTNLAB_FLASH_SCHED overrides it): a CTA's work does not depend on when
+  -- it runs, so every order must give the same bits, and a section size that leaves a short last section
+  -- (4 of 9 and 18 pairs here) must still visit every block exactly once.
+  it("every launch order of the sm_90 kernels (ATTNLAB_FLASH_SCHED) gives the same bits", function()
+    if not HAS_GPU then pending("no GPU") return end
+    if al.cuda.device_info(0).capability[1] ~= 9 then pending("not an sm_90 device") return end
+    local shapes = {
+      { "bshd d=128 causal GQA b=3 h=6 hg=3 s=333", function(R)
+        return with(sep(R, "bshd", { b = 3, sq = 333, h = 6, hg = 3, d = 128 }), { attn_mask_type = "causal" }) end },
+      { "sbhd d=64 no_mask MQA b=2 h=5 s=300", function(R)
+        return with(sep(R, "sbhd", { b = 2, sq = 300, h = 5, hg = 1, d = 64 }), { attn_mask_type = "no_mask" }) end },
+    }
+    for _, sh in ipairs(shapes) do
+      al.manual_seed(91)
+      local ca = sh[2](rng("cpu", "bf16"))
+      al.manual_seed(91)
+      local ga = sh[2](rng("cuda", "bf16"))
+      ca.backend, ga.backend = "cpu", "flash"
+      local co, cctx = forward(ca)
+      al.manual_seed(92)
+      local cdout = al.randn(co:size(), { dtype = co:dtype() })
+      local gdout = cdout:to("cuda")
+      local cg = al.attention.backward(cctx, cdout)
+      local first
+      for _, mode in ipairs({ "0", "default", "1", "4", "all" }) do
+        with_env("ATTNLAB_FLASH_SCHED", mode ~= "default" and mode or nil, function()
+          local label = sh[1] .. " (ATTNLAB_FLASH_SCHED=" .. mode .. ")"
+          local go, gctx = forward(ga)
+          local gg = al.attention.backward(gctx, gdout)
+          local got = { out = go, lse = gctx.lse }
+          for key, t in pairs(gg) do got["d" .. key] = t end
+          if not first then   -- the grid's order against the CPU oracle, the others bit for bit against it
+            close(label .. " out", go, co, TOL.bf16)
+            close_values(label .. " lse", values(gctx.lse), values(cctx.lse), 1e-4)
+            for key, want in pairs(cg) do close(label .. " d" .. key, gg[key], want, GRAD_TOL.bf16) end
+            first = got
+          else
+            local n = 0
+            for key, t in pairs(first) do
+              assert.equal(0, al.max_abs_diff(got[key], t), label .. ": " .. key .. " differs from the grid's order")
+              n = n + 1
+            end
+            assert.equal(5, n)   -- out, lse and the three gradients
+          end
+        end)
+      end
+    end
+  end)
+
   it("reports NVRTC compiles and cache loads through al_flash_info", function()
     if not HAS_GPU then pending("no GPU") return end
     al.manual_seed(3)
