@@ -103,19 +103,20 @@ int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
 }
 
 /* The launch order of a Hopper kernel (p.sched_hb, kernels/flash_common.cuh's al_fl_cta_coords). Causal
- * blocks differ in length (a query block of a causal forward sees as many key tiles as blocks precede it),
- * and in the grid's order the last head's longest block started near the end and ran on an emptying GPU.
- * So a causal forward goes longest first across heads, in sections of (head, batch) pairs whose K and V
- * fit in 16 MiB of the H200's 50 MiB L2 (a power of two of them, times `share` pairs that read the same
- * K/V: a GQA group's q heads); where fewer than four pairs fit, the grid's order stays (one head's blocks
- * side by side share its K/V, and its longest block is a small part of the run). Measured on the H200
- * (docs/PERFORMANCE.md, session 13; 5-7 interleaved rounds, bf16 d = 128): forward 4x16x4096 +3-5%,
- * 2x16x8192 +2.5-7%, 1x16x16384 0 to -6% with sections of 4-8 (hence at least four); the causal backward
- * gained nothing that held across runs from any section size (1-64 pairs: -7% to +3%), so it keeps the
- * grid's order, as do other masks (alike blocks; sections were up to 11% slower without a mask).
- * ATTNLAB_FLASH_SCHED, to compare: 0 = the grid's order always, "all" = the sized sections for every mask
- * and kernel, N > 0 = sections of N pairs for every mask and kernel that reads it (F90_SCHED, B90_SCHED). */
-static int sched_heads(int longest_first, double bytes_per_pair, int share) {
+ * blocks differ in length (a forward query block sees as many key tiles as blocks precede it; the backward's
+ * dK/dV blocks shrink with the index, its dQ blocks grow), and in the grid's order the last head's longest
+ * block started near the end and ran on an emptying GPU. So causal launches go longest block first across
+ * heads, in sections of four (head, batch) pairs, times `share` pairs that read the same tiles (a GQA group's
+ * q heads read one K/V), when the four pairs' streamed tiles (bytes_per_pair each) fit in the device's L2;
+ * else, and for other masks (alike blocks), the grid's order (one head's blocks side by side share its
+ * tiles in L2). Measured on the H200 (docs/PERFORMANCE.md, session 13; 11 interleaved rounds, causal bf16):
+ * four pairs against the grid's order, forward / backward, 4x16x4096x128 +4.9% / +3.0% (bs3hd +4.9% / +3.5%),
+ * 2x16x8192 +4.4% / +2.8%, 1x16x16384 -0.5% / +0.8%, 4x32x4096x64 +1.0% / +0.5%; sections sized to fill
+ * 16-32 MiB were no better in the forward and lost 4-7% in the backward at 32-64 pairs, and without a mask
+ * every section size was slower (up to 11%). ATTNLAB_FLASH_SCHED, to compare: 0 = the grid's order always,
+ * "all" = the four-pair sections for every mask and kernel, N > 0 = sections of N pairs for every mask and
+ * kernel that reads it (F90_SCHED, B90_SCHED). */
+static int sched_heads(int32_t dev, int longest_first, double bytes_per_pair, int share) {
     const char *e = getenv("ATTNLAB_FLASH_SCHED");
     int all = 0;
     if (e && *e) {
@@ -126,11 +127,9 @@ static int sched_heads(int longest_first, double bytes_per_pair, int share) {
         }
     }
     if (!longest_first && !all) return 0;
-    const double l2 = 16.0 * 1024 * 1024;
-    int pairs = 1;
-    while (pairs * 2 * bytes_per_pair <= l2 && pairs < (1 << 20)) pairs *= 2;
-    if (pairs < 4 && !all) return 0;
-    return pairs * (share > 0 ? share : 1);
+    const double l2 = (double)al_cu_l2_bytes[dev];
+    if (!all && !(4.0 * bytes_per_pair <= l2)) return 0;
+    return 4 * (share > 0 ? share : 1);
 }
 
 /* Default (non-variant) forward functions this thread has already resolved, with their shared-memory
@@ -205,9 +204,10 @@ al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_fl
     }
     if (prof) prof[1] = al_hprof_now();
     al_flash_params prm_copy = *prm;
-    /* longest rows first: causal, and block masks launched last block first (the kernel's heavy_high) */
+    /* longest rows first: causal, and block masks launched last block first (the kernel's heavy_high); a
+     * CTA streams its kv head's K and V */
     const int group = (int)(p->h / (p->hg > 0 ? p->hg : 1));
-    prm_copy.sched_hb = sched_heads(spec.mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
+    prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
                                     (double)rows_kv / (thd ? p->b : 1) * (double)(p->d_qk + p->d_v) * 2.0, group);
     void *args[] = {&prm_copy, &tm};
     const unsigned gx = (unsigned)((p->sq + tl.bm - 1) / tl.bm);
@@ -318,12 +318,13 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
         if (gx[role] == 0) continue;
         CUresult r = cuFuncSetAttribute(fn[role], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tl.smem);
         al_flash_params prm_copy = *prm;
-        /* the grid's order (sched_heads). Asked for sections: a dK/dV CTA streams its kv head's group of q
-         * heads (q and dout, and two f32 per row), a dQ CTA its kv head's K and V (shared by the group) */
+        /* causal: longest blocks first (the variant kernels ignore it: B90_SCHED). A dK/dV CTA streams its kv
+         * head's group of q heads (q and dout, and two f32 per row), a dQ CTA its kv head's K and V (shared by
+         * the group's q heads) */
         const int group = (int)(p->h / (p->hg > 0 ? p->hg : 1));
         const double per_row = role ? (double)(p->d_qk + p->d_v) * 2.0 : (double)(p->d_qk + p->d_v) * 2.0 + 8.0;
         const double rows = role ? (double)rows_kv / (thd ? p->b : 1) : (double)group * rows_q / (thd ? p->b : 1);
-        prm_copy.sched_hb = sched_heads(0, rows * per_row, role ? group : 1);   /* the grid's order unless asked */
+        prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL, rows * per_row, role ? group : 1);
         void *args[] = {&prm_copy, &tm[role]};
         if (r == CUDA_SUCCESS)
             r = cuLaunchKernel(fn[role], gx[role], gy[role], (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)tl.smem,

@@ -28,9 +28,10 @@ extern "C" {
 #define AL_CU_MAX_DEVICES 16
 #define AL_CU_THREADS 256
 
-/* plugin.cu: devices found at init (at most AL_CU_MAX_DEVICES) and their SM counts */
+/* plugin.cu: devices found at init (at most AL_CU_MAX_DEVICES), their SM counts and L2 sizes (bytes, 0 = unknown) */
 extern AL_CU_HIDDEN int32_t al_cu_ndev;
 extern AL_CU_HIDDEN int32_t al_cu_sm_count[AL_CU_MAX_DEVICES];
+extern AL_CU_HIDDEN int64_t al_cu_l2_bytes[AL_CU_MAX_DEVICES];
 AL_CU_HIDDEN al_status al_cu_check_dev(const char *op, int32_t dev);
 
 /* allocator.cu */

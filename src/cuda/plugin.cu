@@ -8,6 +8,7 @@
 
 AL_CU_HIDDEN int32_t al_cu_ndev = 0;
 AL_CU_HIDDEN int32_t al_cu_sm_count[AL_CU_MAX_DEVICES];
+AL_CU_HIDDEN int64_t al_cu_l2_bytes[AL_CU_MAX_DEVICES];
 
 al_status al_cu_check_dev(const char *op, int32_t dev) {
     if (dev < 0 || dev >= al_cu_ndev)
@@ -66,6 +67,9 @@ extern "C" __attribute__((visibility("default"))) al_status al_cuda_plugin_init(
                             cudaGetErrorString(e));
         }
         al_cu_sm_count[d] = sms > 0 ? sms : 1;
+        int l2 = 0;   /* 0 when unknown (the attribute failing is not fatal: only launch orders read it) */
+        if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, d) != cudaSuccess) (void)cudaGetLastError();
+        al_cu_l2_bytes[d] = l2 > 0 ? l2 : 0;
     }
     al_cu_ndev = n;
 
