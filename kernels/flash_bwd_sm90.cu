@@ -15,6 +15,8 @@
  *                     dQ += dS K
  *                   and writes dQ * scale. Recomputing S and dP here costs two GEMMs (7 instead of 5)
  *                   but needs no dQ atomics and no transposed operand: the backward is deterministic.
+ *   AL_SM90_DQ_ATOMIC 1 (role 0 only; opt-in, slower so far: docs/FLASH.md) makes the dK/dV kernel add dQ
+ *                   into an f32 accumulator itself, FA3's five GEMMs, and the dQ kernel is not launched.
  *
  * Specialisations (-D): AL_HEAD_DIM 64 | 128, AL_BF16, AL_MASK_KIND, AL_BOTTOM_RIGHT, AL_SM90_ROLE,
  * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS. Not here: d = 256, ALiBi.
@@ -39,7 +41,8 @@
  * Kernel arguments: the al_flash_params and four TMA maps (src/cuda/flash_sm90_tma.h): own0, own1 (the
  * owned rows, boxes of R rows: K, V for role 0; Q, dO for role 1) and st0, st1 (the streamed tiles,
  * boxes of BN rows: Q, dO for role 0; K, V for role 1).
- * Shared memory (1024-byte aligned): own0 [D/64][R][64] | own1 | st0 [ST][D/64][BN][64] | st1 | mbarriers |
+ * Shared memory (1024-byte aligned): own0 [D/64][R][64] | own1 | st0 [ST][D/64][BN][64] | st1 |
+ * (AL_SM90_DQ_ATOMIC: dS^T [2][R][BN]) | mbarriers |
  * (block mask: the tile list, u16 [AL_SM90_BM_LIST], and its count).
  * Status: the default backward on sm_90 (ATTNLAB_FLASH_SM90_BWD=0 switches it off). Variants: compiled
  * with no spills (tests/c/test_nvrtc_kernels.c, test_flash_variant.c); on a GPU test_flash_variant compares
@@ -63,6 +66,23 @@
 #ifndef AL_SM90_CONSUMERS
 #define AL_SM90_CONSUMERS 2
 #endif
+/* AL_SM90_DQ_ATOMIC 1 (role 0, d = 128, two consumers, no variant; the host's "dkdvq" kernel): the dK/dV
+ * kernel also computes dQ, FA3's five-GEMM backward, instead of the dQ kernel recomputing S and dP (seven).
+ * Each warpgroup stores its dS^T fragments (64 keys x 64 queries, 16-bit) into a shared buffer in the
+ * 128-byte-swizzled layout TMA gives the tiles; after a named barrier of the two warpgroups, warpgroup w
+ * computes dQ[:, 64w, 64w + 64) of the tile = dS (64 queries x 128 keys, MN-major from that buffer) K
+ * (the owned K rows, MN-major: box w of own0), and adds it into the f32 accumulator p.dq_acc [B, H, SQ, D]
+ * with red.global.add.v2.f32; the host zeroes it (the pre pass) and scales and converts it into dq after
+ * (flash_bwd.cu's al_flash_bwd_dq). Two buffers alternate, so one barrier per tile orders both: a
+ * warpgroup writes buffer j & 1 again only after the barrier of tile j + 1, which the other passes only
+ * when its tile-j product (the last reader) has retired. Not deterministic (atomics); the host keeps the
+ * two-kernel backward for `deterministic`. */
+#ifndef AL_SM90_DQ_ATOMIC
+#define AL_SM90_DQ_ATOMIC 0
+#endif
+#if AL_SM90_DQ_ATOMIC && (AL_SM90_ROLE != 0 || AL_VARIANT || AL_HEAD_DIM != 128 || AL_SM90_CONSUMERS != 2)
+#error "AL_SM90_DQ_ATOMIC: the dK/dV kernel (role 0) at d = 128 with two consumers, no variant"
+#endif
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on stream tiles per CTA)"
 #endif
@@ -77,6 +97,7 @@ constexpr int NT = 128 * (1 + NC);
 constexpr int BOXES = D / 64;
 constexpr int OWN_BYTES = R * D * 2;
 constexpr int ST_BYTES = BN * D * 2;
+constexpr int DS_BYTES = AL_SM90_DQ_ATOMIC ? R * BN * 2 : 0;   /* one dS^T buffer [R keys][BN queries] */
 constexpr int PRODUCER_REGS = 56;
 constexpr int CONSUMER_REGS = 224;
 static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
@@ -294,7 +315,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     const al_u32 base = (al_smem_addr(smem_raw) + 1023u) & ~1023u;
     const al_u32 sO0 = base, sO1 = sO0 + OWN_BYTES;
     const al_u32 sS0 = sO1 + OWN_BYTES, sS1 = sS0 + ST * ST_BYTES;
-    const al_u32 sBar = sS1 + ST * ST_BYTES;
+    const al_u32 sDS = sS1 + ST * ST_BYTES;          /* AL_SM90_DQ_ATOMIC: two dS^T buffers (else none) */
+    const al_u32 sBar = sDS + 2 * DS_BYTES;
     const al_u32 bar_own = sBar;
 #define BAR_F(i) (sBar + 8u * (1 + (i)))
 #define BAR_E(i) (sBar + 8u * (1 + ST + (i)))
@@ -719,6 +741,21 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
             }
         al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
+#if AL_SM90_DQ_ATOMIC
+        /* dS^T into buffer j & 1: fragment (t, h2) is key row rl + 8 h2, query columns 8 t + 2 tq (+1), i.e.
+         * 16-byte chunk t of a 128-byte row, swizzled to chunk t ^ (row & 7) (8 rows x 4 tq per warp and t:
+         * 32 distinct banks) */
+        const al_u32 sds = sDS + (j & 1) * DS_BYTES;
+#pragma unroll
+        for (int t = 0; t < BN / 8; t++)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                const int key = rl + 8 * h2;
+                const al_u32 a = sds + key * 128 + (((t ^ key) & 7) << 4) + tq * 4;
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(da[t >> 1][(t & 1) * 2 + h2]) : "memory");
+            }
+        al_fence_proxy_async();
+#endif
 
         /* 5. role 0: dK += dS^T Q; role 1: dQ += dS K */
         al_wg_fence();
@@ -728,6 +765,24 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         b90_rs(acc0, da, t0);
 #endif
         al_wg_commit();
+#if AL_SM90_DQ_ATOMIC
+        /* 6. dQ[:, 64 cw, + 64) of this tile = dS K_own, once both warpgroups' dS^T halves are in the buffer
+         * and dK's product has retired (with dS's fragments still live beside dQ's 32 accumulators the kernel
+         * spilled 12-16 bytes), then added into dq_acc */
+        al_wg_wait<0>();
+        AL_WG_FENCE_D(acc1);
+        al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
+        float dqp[32];
+        al_named_sync(1, 256);
+        {
+            const al_u64 dd0 = al_desc_sw128(sds, R * 128, 1024);                   /* dS: 64 q x R keys */
+            const al_u64 dk0 = al_desc_sw128(sO0 + cw * (R * 128), R * 128, 1024);  /* K_own, d box cw */
+#pragma unroll
+            for (int kk = 0; kk < R / 16; kk++)
+                al_wgmma_ss_n64_tt(dqp, al_desc_off(dd0, kk * (16 * 128)), al_desc_off(dk0, kk * (16 * 128)), kk > 0);
+        }
+        al_wg_commit();
+#endif
         al_wg_wait<0>();
 #if AL_SM90_ROLE == 0
         AL_WG_FENCE_D(acc1);
@@ -735,6 +790,27 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         AL_WG_FENCE_D(acc0);
 #endif
         al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
+#if AL_SM90_DQ_ATOMIC
+        al_wg_fence_regs_n64(dqp);
+        if (lane == 0) al_mbar_arrive(BAR_E(stg));
+        {
+            /* element (t, e) of the accumulator: query c0 + 16 wq + g + 8 (e >> 1), d column 64 cw + 8 t + 2 tq
+             * + (e & 1); rows past the sequence hold zeros (P = 0) and are skipped */
+            float *qa = p.dq_acc + (lrow + c0) * D + cw * 64 + tq * 2;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int q = wq * 16 + g + 8 * r;
+                if (c0 + q < s.q_len) {
+#pragma unroll
+                    for (int t = 0; t < 8; t++)
+                        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(qa + (long long)q * D + t * 8),
+                                     "f"(dqp[t * 4 + 2 * r]), "f"(dqp[t * 4 + 2 * r + 1])
+                                     : "memory");
+                }
+            }
+        }
+        continue;
+#endif
 #endif /* B90_SLICED */
         if (lane == 0) al_mbar_arrive(BAR_E(stg));
     }

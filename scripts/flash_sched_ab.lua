@@ -1,26 +1,28 @@
 -- scripts/flash_sched_ab.lua — interleaved A/B of the Hopper kernels' launch orders (ATTNLAB_FLASH_SCHED,
 -- src/cuda/attn_flash_sm90.cu's sched_heads) on a GPU:
---   luajit scripts/flash_sched_ab.lua [--modes=0,default,4] [--rounds=9] [--no-mask]
+--   luajit scripts/flash_sched_ab.lua [--modes=0,default,4] [--rounds=9] [--no-mask] [--env=NAME]
 -- Each round times every mode in turn (al.cuda.time: 10 forward calls, then 10 backward calls of that
 -- forward's ctx), so clock drift spreads over all modes; prints per case and mode the median over rounds
 -- in ms and TFLOP/s, then the rounds themselves. Modes: "default" (the variable unset), 0 (the grid's
 -- order), "all", or N (sections of N (head, batch) pairs). Cases: bf16 causal 4x16x4096x128 (separate
 -- and bs3hd), 2x16x8192x128, 1x16x16384x128, 4x32x4096x64; --no-mask adds 4x16x4096x128 without a mask.
+-- --env=NAME varies another variable the same way (ATTNLAB_FLASH_SM90_BWD_FUSED: --modes=default,1).
 -- docs/PERFORMANCE.md (session 13) has what it measured.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 local ffi = require "ffi"
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 
-local MODES, ROUNDS, NO_MASK = { "0", "default" }, 9, false
+local MODES, ROUNDS, NO_MASK, VAR = { "0", "default" }, 9, false, "ATTNLAB_FLASH_SCHED"
 for _, a in ipairs(arg or {}) do
-  local m, r = a:match("^%-%-modes=(.*)$"), a:match("^%-%-rounds=(%d+)$")
+  local m, r, e = a:match("^%-%-modes=(.*)$"), a:match("^%-%-rounds=(%d+)$"), a:match("^%-%-env=([%w_]+)$")
   if m then
     MODES = {}
     for x in m:gmatch("[^,]+") do MODES[#MODES + 1] = x end
   elseif r then ROUNDS = tonumber(r)
+  elseif e then VAR = e
   elseif a == "--no-mask" then NO_MASK = true
-  else error("flash_sched_ab: unknown argument " .. a .. " (--modes=a,b,... --rounds=N --no-mask)") end
+  else error("flash_sched_ab: unknown argument " .. a .. " (--modes=a,b,... --rounds=N --no-mask --env=NAME)") end
 end
 if not al.cuda.available() then print("flash_sched_ab: skipped, no usable GPU") os.exit(0) end
 
@@ -61,7 +63,7 @@ for _, c in ipairs(cases) do
   for _, m in ipairs(MODES) do tf[m], tb[m] = {}, {} end
   for r = 1, ROUNDS do
     for _, m in ipairs(MODES) do
-      if m == "default" then ffi.C.unsetenv("ATTNLAB_FLASH_SCHED") else ffi.C.setenv("ATTNLAB_FLASH_SCHED", m, 1) end
+      if m == "default" then ffi.C.unsetenv(VAR) else ffi.C.setenv(VAR, m, 1) end
       local out, ctx
       tf[m][r] = al.cuda.time(function() out, ctx = al.attention.forward(args) end, { warmup = 2, iters = 10 })
       tb[m][r] = al.cuda.time(function() al.attention.backward(ctx, dout) end, { warmup = 2, iters = 10 })
@@ -69,13 +71,13 @@ for _, c in ipairs(cases) do
       collectgarbage()
     end
   end
-  ffi.C.unsetenv("ATTNLAB_FLASH_SCHED")
+  ffi.C.unsetenv(VAR)
   for _, m in ipairs(MODES) do
     local f, bw = median(tf[m]), median(tb[m])
-    print(string.format("S %d,%d,%d,%d %-7s %-8s sched=%-7s fwd %7.3f ms %6.1f TF/s  bwd %7.3f ms %6.1f TF/s",
+    print(string.format("S %d,%d,%d,%d %-7s %-8s " .. VAR:gsub("^ATTNLAB_", "") .. "=%-7s fwd %7.3f ms %6.1f TF/s  bwd %7.3f ms %6.1f TF/s",
       b, h, s, d, mask, layout, m, f, flops / f / 1e9, bw, 2.5 * flops / bw / 1e9))
   end
-  for _, m in ipairs(MODES) do print(string.format("  rounds sched=%s: fwd %s | bwd %s", m, list(tf[m]), list(tb[m]))) end
+  for _, m in ipairs(MODES) do print(string.format("  rounds %s: fwd %s | bwd %s", m, list(tf[m]), list(tb[m]))) end
   args, dout = nil, nil
   collectgarbage()
   al.cuda.empty_cache()

@@ -638,8 +638,15 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
     /* the Hopper backward where it applies (default; ATTNLAB_FLASH_SM90_BWD=0 turns it off): it writes dq directly,
      * so the pre pass runs with no dQ accumulators to zero (nsplit = 0) */
     if (rows > 0 && SKV > 0 && al_flash_sm90_bwd_applies(pl, NULL, 0)) {
-        prm.nsplit = 0;
+        /* the five-GEMM kernel (opt-in) adds dQ into an f32 accumulator instead: the pre pass zeroes it
+         * (nsplit = 1) and al_flash_bwd_dq scales and converts it after */
+        const int fused = al_flash_sm90_bwd_fused(pl);
+        prm.nsplit = fused ? 1 : 0;
         prm.dq_acc = NULL;
+        if (fused) {
+            AL_TRY(fl_alloc(c, 4 * rows * D, &acc));
+            prm.dq_acc = (float *)acc;
+        }
         /* the pre pass reads no hook: a variant takes it from the default specialisation's module (on disk
          * after one compile per machine), so its first backward compiles only the two Hopper kernels */
         al_flash_spec plain = spec;
@@ -650,6 +657,12 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
         AL_TRY(launch(fns[0], "al_flash_bwd_pre", pre_blocks, 1, 1, 256, 0, c->s, &prm));
         int done = 0;
         AL_TRY(al_flash_sm90_backward(c->dev, pl, &prm, c->s, &done));
+        if (done && fused) {
+            int64_t blocks = (rows * D + 255) / 256;
+            const int64_t cap = (int64_t)al_cu_sm_count[c->dev] * 16;
+            if (blocks > cap) blocks = cap;
+            AL_TRY(launch(fns[2], "al_flash_bwd_dq", (unsigned)blocks, 1, 1, 256, 0, c->s, &prm));
+        }
         if (done) return AL_OK;
         /* strides TMA cannot describe: the stage-1 kernels below, whose pre pass zeroes the accumulators */
     }

@@ -276,10 +276,22 @@ int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n) {
     return 1;
 }
 
+/* The five-GEMM backward (kernels/flash_bwd_sm90.cu's AL_SM90_DQ_ATOMIC, role 2): opt-in with
+ * ATTNLAB_FLASH_SM90_BWD_FUSED=1 until it has been measured against the two-kernel backward; d = 128, no
+ * variant, not `deterministic` (its dQ adds up with f32 atomics). */
+int al_flash_sm90_bwd_fused(const al_attn_plan *pl) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_BWD_FUSED");
+    if (!(e && strcmp(e, "1") == 0)) return 0;
+    return !pl->in.variant && pl->p.d_qk == 128 && !pl->p.deterministic && al_flash_sm90_bwd_applies(pl, NULL, 0);
+}
+
 al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm, cudaStream_t s,
                                  int *done) {
     *done = 0;
     if (!al_flash_sm90_bwd_applies(pl, NULL, 0)) return AL_OK;
+    /* roles: 0 dK/dV and 1 dQ, or 2 alone (dK/dV/dQ, into prm->dq_acc: the caller converts it) */
+    const int fused = al_flash_sm90_bwd_fused(pl);
+    if (fused && !prm->dq_acc) return al_error(AL_ERR_INTERNAL, "al_flash_sm90_backward: the fused backward needs dq_acc");
     const al_attn_params *p = &pl->p;
     al_flash_spec spec = sm90_spec(pl);
     spec.kind = AL_FLASH_BWD;
@@ -300,13 +312,15 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
     static const int families[2] = {2, 3};
     if (pl->in.variant) al_flash_prefetch(dev, &spec, pl->in.variant, families, 2);
     for (int role = 0; role < 2; role++) {
+        if (fused && role == 1) break;
+        const int kr = fused ? 2 : role;             /* the kernel's role (the TMA maps are role 0's for 2) */
         char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
-        const int nopts = al_flash_sm90_bwd_options(&spec, role, opts);
+        const int nopts = al_flash_sm90_bwd_options(&spec, kr, opts);
         const char *optp[AL_FLASH_MAX_OPTS];
         for (int i = 0; i < nopts; i++) optp[i] = opts[i];
-        const char *name = al_flash_sm90_bwd_function(role);
+        const char *name = al_flash_sm90_bwd_function(kr);
         char label[128];
-        al_flash_sm90_bwd_name(&spec, role, label, sizeof label);
+        al_flash_sm90_bwd_name(&spec, kr, label, sizeof label);
         /* variants: attn_flash.cu's LRU of variant modules, family 2 + role (fl_backward holds its lock) */
         if (pl->in.variant) AL_TRY(al_flash_variant_function(dev, &spec, pl->in.variant, 2 + role, &fn[role]));
         else AL_TRY(al_nvrtc_get(dev, al_flash_sm90_bwd_file(), NULL, optp, nopts, &name, 1, label, &fn[role]));
@@ -315,8 +329,10 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
     const unsigned gx[2] = {(unsigned)((p->skv + tl.bm - 1) / tl.bm), (unsigned)((p->sq + tl.bm - 1) / tl.bm)};
     const unsigned gy[2] = {(unsigned)p->hg, (unsigned)p->h};
     for (int role = 0; role < 2; role++) {
+        if (fused && role == 1) break;
         if (gx[role] == 0) continue;
-        CUresult r = cuFuncSetAttribute(fn[role], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tl.smem);
+        const int smem = al_flash_sm90_bwd_smem(&spec, fused ? 2 : role);
+        CUresult r = cuFuncSetAttribute(fn[role], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
         al_flash_params prm_copy = *prm;
         /* causal: longest blocks first (the variant kernels ignore it: B90_SCHED). A dK/dV CTA streams its kv
          * head's group of q heads (q and dout, and two f32 per row), a dQ CTA its kv head's K and V (shared by
@@ -327,15 +343,15 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
         prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL, rows * per_row, role ? group : 1);
         void *args[] = {&prm_copy, &tm[role]};
         if (r == CUDA_SUCCESS)
-            r = cuLaunchKernel(fn[role], gx[role], gy[role], (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)tl.smem,
+            r = cuLaunchKernel(fn[role], gx[role], gy[role], (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)smem,
                                (CUstream)s, args, NULL);
         if (r != CUDA_SUCCESS) {
             const char *msg = NULL, *nm = NULL;
             cuGetErrorString(r, &msg);
             cuGetErrorName(r, &nm);
-            return al_error(AL_ERR_CUDA, "launching %s (grid %u x %u x %lld, %d threads, %d bytes of shared memory) "
-                            "failed: %s (%s)", al_flash_sm90_bwd_function(role), gx[role], gy[role], (long long)p->b,
-                            tl.threads, tl.smem, msg ? msg : "?", nm ? nm : "?");
+            return al_error(AL_ERR_CUDA, "launching %s%s (grid %u x %u x %lld, %d threads, %d bytes of shared memory) "
+                            "failed: %s (%s)", al_flash_sm90_bwd_function(role), fused ? " (dK/dV/dQ)" : "", gx[role],
+                            gy[role], (long long)p->b, tl.threads, smem, msg ? msg : "?", nm ? nm : "?");
         }
         al_cu_note_launch(al_flash_sm90_bwd_function(role));
     }

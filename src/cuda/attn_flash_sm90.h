@@ -60,6 +60,10 @@ AL_CU_HIDDEN al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl
  * al_flash_sm90_backward runs after the stage-1 pre kernel (prm.lse2 / prm.dsum ready) and writes dq, dk,
  * dv (dq directly: no accumulator pass); *done = 0 when it does not apply. */
 AL_CU_HIDDEN int al_flash_sm90_bwd_applies(const al_attn_plan *pl, char *why, size_t n);
+/* 1 when al_flash_sm90_backward runs the five-GEMM kernel (dK/dV/dQ, opt-in ATTNLAB_FLASH_SM90_BWD_FUSED=1,
+ * d = 128, no variant, not deterministic): then prm.dq_acc must be a zeroed f32 [B, H, SQ, D] accumulator
+ * (prm.nsplit = 1: the pre pass zeroes it), which the caller converts into dq (al_flash_bwd_dq) after. */
+AL_CU_HIDDEN int al_flash_sm90_bwd_fused(const al_attn_plan *pl);
 AL_CU_HIDDEN al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm,
                                               cudaStream_t s, int *done);
 

@@ -86,7 +86,9 @@ static inline void al_flash_sm90_spec_at(int i, al_flash_spec *s) {
 }
 
 /* ---- the Hopper backward (kernels/flash_bwd_sm90.cu): two kernels, role 0 = dK/dV (a CTA owns bm key
- * rows and streams query tiles), role 1 = dQ (a CTA owns bm query rows and streams key tiles). d 64 / 128,
+ * rows and streams query tiles), role 1 = dQ (a CTA owns bm query rows and streams key tiles); or role 2 =
+ * dK/dV/dQ, the dK/dV kernel adding dQ into an f32 accumulator (-DAL_SM90_DQ_ATOMIC=1: d = 128, no
+ * variant, not deterministic; opt-in, attn_flash_sm90.cu's al_flash_sm90_bwd_fused). d 64 / 128,
  * no ALiBi; variants (al_flash_spec_set_variant) with their source and -DAL_BLOCK_MASK, block masks in
  * multiples of bm x bm (role 0's tiles are bn queries x bm keys, role 1's bm queries x bn keys). On by
  * default; ATTNLAB_FLASH_SM90_BWD=0 turns it off. */
@@ -105,9 +107,14 @@ static inline al_flash_sm90_tiles al_flash_sm90_bwd_tiles(const al_flash_spec *s
     if (s->variant && s->block_mask) t.smem += 2 * AL_FLASH_SM90_BWD_BM_LIST + 16;   /* the non-empty tile list */
     return t;
 }
+/* role 2 (dK/dV/dQ) adds two dS^T buffers of bm x bn 16-bit elements */
+static inline int al_flash_sm90_bwd_smem(const al_flash_spec *s, int role) {
+    const al_flash_sm90_tiles t = al_flash_sm90_bwd_tiles(s);
+    return t.smem + (role == 2 ? 2 * t.bm * t.bn * 2 : 0);
+}
 static inline const char *al_flash_sm90_bwd_file(void) { return "flash_bwd_sm90.cu"; }
 static inline const char *al_flash_sm90_bwd_function(int role) {
-    return role ? "al_flash_bwd_sm90_dq" : "al_flash_bwd_sm90_dkdv";
+    return role == 1 ? "al_flash_bwd_sm90_dq" : "al_flash_bwd_sm90_dkdv";
 }
 static inline int al_flash_sm90_bwd_options(const al_flash_spec *s, int role,
                                             char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN]) {
@@ -117,7 +124,8 @@ static inline int al_flash_sm90_bwd_options(const al_flash_spec *s, int role,
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BF16=%d", s->bf16 ? 1 : 0);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_MASK_KIND=%d", s->mask);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BOTTOM_RIGHT=%d", s->bottom_right ? 1 : 0);
-    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_ROLE=%d", role);
+    snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_ROLE=%d", role == 1 ? 1 : 0);
+    if (role == 2) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_DQ_ATOMIC=1");
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BN=%d", t.bn);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_STAGES=%d", t.stages);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);
@@ -125,21 +133,33 @@ static inline int al_flash_sm90_bwd_options(const al_flash_spec *s, int role,
     if (s->variant && s->block_mask) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_LIST=%d", AL_FLASH_SM90_BWD_BM_LIST);
     return n;
 }
-/* "bwd-sm90-dkdv d128 bf16 causal-br", "bwd-sm90-dq d128 bf16 nomask variant 0123456789abcdef blockmask" */
+/* "bwd-sm90-dkdv d128 bf16 causal-br", "bwd-sm90-dkdvq d128 bf16 nomask",
+ * "bwd-sm90-dq d128 bf16 nomask variant 0123456789abcdef blockmask" */
 static inline void al_flash_sm90_bwd_name(const al_flash_spec *s, int role, char *buf, size_t n) {
     static const char *masks[] = {"nomask", "causal", "window"};
-    int u = snprintf(buf, n, "bwd-sm90-%s d%d %s %s%s", role ? "dq" : "dkdv", s->d, s->bf16 ? "bf16" : "f16",
+    static const char *roles[] = {"dkdv", "dq", "dkdvq"};
+    int u = snprintf(buf, n, "bwd-sm90-%s d%d %s %s%s", roles[role], s->d, s->bf16 ? "bf16" : "f16",
                      masks[s->mask], s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
     if (s->variant && u > 0 && (size_t)u < n)
         snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }
-/* Every shipped (specialisation, role), i in [0, al_flash_sm90_bwd_count()): d 64/128 x bf16/f16 x 5 masks x 2 roles */
-static inline int al_flash_sm90_bwd_count(void) { return 2 * 2 * 5 * 2; }
+/* Every shipped (specialisation, role), i in [0, al_flash_sm90_bwd_count()): d 64/128 x bf16/f16 x 5 masks x
+ * roles 0 and 1, then role 2 at d = 128 x bf16/f16 x 5 masks */
+static inline int al_flash_sm90_bwd_count(void) { return 2 * 2 * 5 * 2 + 2 * 5; }
 static inline void al_flash_sm90_bwd_at(int i, al_flash_spec *s, int *role) {
     static const int mk[5] = {0, 1, 1, 2, 2};
     static const int br[5] = {0, 0, 1, 0, 1};
     memset(s, 0, sizeof *s);
     s->kind = AL_FLASH_BWD;
+    if (i >= 2 * 2 * 5 * 2) {
+        i -= 2 * 2 * 5 * 2;
+        *role = 2;
+        s->mask = mk[i % 5];
+        s->bottom_right = br[i % 5];
+        s->bf16 = (i / 5) % 2 == 0;
+        s->d = 128;
+        return;
+    }
     *role = i % 2;
     i /= 2;
     s->mask = mk[i % 5];

@@ -339,6 +339,46 @@ describe("attention flash backend #gpu", function()
     end
   end)
 
+  -- The five-GEMM backward (kernels/flash_bwd_sm90.cu's AL_SM90_DQ_ATOMIC, opt-in while it is measured): the
+  -- dK/dV kernel also computes dQ and adds it into an f32 accumulator. d = 128: every d = 128 case above (the
+  -- windows are d = 128) and, at d = 128, packed bs3hd, fully masked rows, padding from cu_seqlens and thd
+  -- with padded gaps. Not bit-reproducible (atomics), so only against the CPU oracle.
+  it("the five-GEMM backward (ATTNLAB_FLASH_SM90_BWD_FUSED=1) gives the CPU oracle's gradients", function()
+    if not HAS_GPU then pending("no GPU") return end
+    if al.cuda.device_info(0).capability[1] ~= 9 then pending("not an sm_90 device") return end
+    local extra = {
+      { name = "fused: packed qkv_layer bs3hd causal d=128 s=333", dtypes = BOTH, build = function(R)
+        return { qkv_layer = R.randn({ 2, 333, 3, 4, 128 }), qkv_interleave_dim = -3, qkv_format = "bshd",
+          attn_mask_type = "causal" } end },
+      { name = "fused: causal_bottom_right sq=200 skv=77 d=128 (fully masked rows)", dtypes = { "bf16" }, build = function(R)
+        return with(sep(R, "bshd", { sq = 200, skv = 77, d = 128 }), { attn_mask_type = "causal_bottom_right" }) end },
+      { name = "fused: padding_causal from cu_seqlens, sbhd cross d=128", dtypes = { "bf16" }, build = function(R)
+        return with(sep(R, "sbhd", { sq = 200, skv = 150, d = 128 }), { attn_mask_type = "padding_causal",
+          cu_seqlens_q = R.i32({ 0, 130, 330 }), cu_seqlens_kv = R.i32({ 0, 150, 227 }) }) end },
+      { name = "fused: thd with cu_seqlens_padded gaps, GQA d=128", dtypes = { "bf16" }, build = function(R)
+        return { query_layer = R.randn({ 300, 4, 128 }), key_layer = R.randn({ 330, 2, 128 }),
+          value_layer = R.randn({ 330, 2, 128 }), qkv_format = "thd", attn_mask_type = "padding_causal_bottom_right",
+          cu_seqlens_q = R.i32({ 0, 77, 277 }), cu_seqlens_kv = R.i32({ 0, 90, 300 }),
+          cu_seqlens_q_padded = R.i32({ 0, 96, 300 }), cu_seqlens_kv_padded = R.i32({ 0, 100, 330 }) } end },
+    }
+    local n = 0
+    with_env("ATTNLAB_FLASH_SM90_BWD_FUSED", "1", function()
+      for _, c in ipairs(CASES) do
+        if (c.name:find("d=128", 1, true) or c.name:find("^window")) and not c.deterministic then
+          for _, dt in ipairs(c.dtypes) do run_case(c, dt) end
+          n = n + 1
+        end
+      end
+      for _, c in ipairs(extra) do
+        for _, dt in ipairs(c.dtypes) do run_case(c, dt) end
+        n = n + 1
+      end
+    end)
+    assert(n >= 16, "only " .. n .. " cases ran")
+    local text = flash_info()
+    assert(text:find("bwd-sm90-dkdvq d128 bf16", 1, true) and text:find("bwd-sm90-dkdvq d128 f16", 1, true), text)
+  end)
+
   it("reports NVRTC compiles and cache loads through al_flash_info", function()
     if not HAS_GPU then pending("no GPU") return end
     al.manual_seed(3)
