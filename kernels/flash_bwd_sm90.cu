@@ -815,8 +815,15 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         if (lane == 0) al_mbar_arrive(BAR_E(stg));
     }
 
-    /* epilogue: through the caller's strides and dtype (dense rows past the sequence: zeros) */
+    /* epilogue: through the caller's strides and dtype (dense rows past the sequence: zeros). A gradient in
+     * the kernel's 16-bit dtype with unit column stride and 4-byte-aligned rows (the usual case: separate or
+     * packed buffers alike) takes a column pair per 32-bit store (al_pack2 rounds as al_st_elem does);
+     * others go element by element through al_st_elem's dtype switch */
     const float scale = p.scale;
+    const auto pair_ok = [](const al_flash_op &op, long long o) {
+        return op.dtype == (AL_BF16 ? AL_FLASH_DT_BF16 : AL_FLASH_DT_F16) && op.sc == 1 &&
+               ((reinterpret_cast<unsigned long long>(op.ptr) + 2ull * (unsigned long long)o) & 3ull) == 0;
+    };
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = own0 + rl + 8 * r;
@@ -825,6 +832,17 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         const int ok = row < s.kv_len;
         const long long ko = b * p.dk.sb + (kv_start + row) * p.dk.st + (long long)hk * p.dk.sh;
         const long long vo = b * p.dv.sb + (kv_start + row) * p.dv.st + (long long)hk * p.dv.sh;
+        if (pair_ok(p.dk, ko + tq * 2) && pair_ok(p.dv, vo + tq * 2)) {
+#pragma unroll
+            for (int t = 0; t < D / 8; t++) {
+                const int d = t * 8 + tq * 2;
+                *(al_u32 *)((al_u16 *)p.dk.ptr + ko + d) =
+                    al_pack2(ok ? acc1[t * 4 + 2 * r] * scale : 0.0f, ok ? acc1[t * 4 + 2 * r + 1] * scale : 0.0f);
+                *(al_u32 *)((al_u16 *)p.dv.ptr + vo + d) =
+                    al_pack2(ok ? acc0[t * 4 + 2 * r] : 0.0f, ok ? acc0[t * 4 + 2 * r + 1] : 0.0f);
+            }
+            continue;
+        }
 #pragma unroll
         for (int t = 0; t < D / 8; t++)
 #pragma unroll
@@ -837,6 +855,13 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         if (row >= p.SQ || (p.q.sb == 0 && row >= s.q_len)) continue;
         const int ok = row < s.q_len;
         const long long qo = b * p.dq.sb + (q_start + row) * p.dq.st + (long long)h * p.dq.sh;
+        if (pair_ok(p.dq, qo + tq * 2)) {
+#pragma unroll
+            for (int t = 0; t < D / 8; t++)
+                *(al_u32 *)((al_u16 *)p.dq.ptr + qo + t * 8 + tq * 2) =
+                    al_pack2(ok ? acc0[t * 4 + 2 * r] * scale : 0.0f, ok ? acc0[t * 4 + 2 * r + 1] * scale : 0.0f);
+            continue;
+        }
 #pragma unroll
         for (int t = 0; t < D / 8; t++)
 #pragma unroll
