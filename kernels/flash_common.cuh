@@ -286,7 +286,8 @@ AL_DEV void al_load_tile(al_u32 s, const al_u16 *g, long long st, int valid, int
  *          the longest, as a causal forward's or dQ kernel's; else its first, as the dK/dV kernel's),
  *          the section's heads fastest. Causal blocks differ in length up to the sequence's tile count;
  *          in the grid's order the last head's longest block was launched near the end and ran on a
- *          nearly idle GPU (FA3's LPT schedule; N is sized so that what N heads stream stays in L2).
+ *          nearly idle GPU (FA3's LPT schedule; the host picks N = four pairs, times a GQA group, where
+ *          what they stream fits in L2).
  * y and z are the grid's y (head) and z (batch) coordinates; a bijection of the grid either way. The
  * Hopper kernels pass 0 where their F90_SCHED / B90_SCHED says they do not read it. */
 AL_DEV void al_fl_cta_coords(int sched_hb, int heavy_high, int &x, int &y, int &z) {

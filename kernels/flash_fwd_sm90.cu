@@ -142,9 +142,10 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     /* causal (and block masks whose later rows hold more tiles): the longest rows first, a short tail;
      * with p.sched_hb (causal) across heads too, in L2-sized sections (al_fl_cta_coords) */
     const int heavy_high = AL_MASK_KIND == 1 || (AL_BLOCK_MASK && p.m_reverse);
+    const int sched = F90_SCHED ? p.sched_hb : 0;   /* window kernels: the grid's order, longest first per head */
     int m_block, h, b;
-    al_fl_cta_coords(F90_SCHED ? p.sched_hb : 0, heavy_high, m_block, h, b);
-    if (p.sched_hb <= 0 && heavy_high) m_block = (int)gridDim.x - 1 - m_block;
+    al_fl_cta_coords(sched, heavy_high, m_block, h, b);
+    if (sched <= 0 && heavy_high) m_block = (int)gridDim.x - 1 - m_block;
     const int hk = h / (p.H / p.HG);
     const al_fl_seq s = al_fl_seq_make(p, b, h);
     const int m0 = m_block * BM;
