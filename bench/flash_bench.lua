@@ -15,23 +15,36 @@
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 
+-- arguments first, so that a mistyped one is an error with or without a GPU
+local function usage_error(msg)
+  io.stderr:write("flash_bench: " .. msg .. "\nusage: luajit bench/flash_bench.lua [--quick] [--check-only] " ..
+    "[--deterministic] [--shape=b,h,s,d]\n")
+  os.exit(2)
+end
+local flags, only_shape = {}, nil
+local KNOWN = { ["--quick"] = true, ["--check-only"] = true, ["--deterministic"] = true }
+for _, a in ipairs(arg or {}) do
+  local sh = a:match("^%-%-shape=(.*)$")
+  if sh then
+    only_shape = {}
+    for n in (sh .. ","):gmatch("([^,]*),") do
+      if not n:match("^%d+$") or tonumber(n) < 1 then usage_error("--shape expects b,h,s,d (four positive integers), got " .. sh) end
+      only_shape[#only_shape + 1] = tonumber(n)
+    end
+    if #only_shape ~= 4 then usage_error("--shape expects b,h,s,d (four positive integers), got " .. sh) end
+  elseif KNOWN[a] then
+    flags[a] = true
+  else
+    usage_error("unknown argument " .. a)
+  end
+end
+
 if not al.cuda.available() then
   local _, why = al.cuda.available()
   print("flash_bench: skipped, no usable GPU" .. (why and (" (" .. tostring(why) .. ")") or ""))
   os.exit(0)
 end
 
-local flags, only_shape = {}, nil
-for _, a in ipairs(arg or {}) do
-  local sh = a:match("^%-%-shape=(.*)$")
-  if sh then
-    only_shape = {}
-    for n in sh:gmatch("[^,]+") do only_shape[#only_shape + 1] = tonumber(n) end
-    if #only_shape ~= 4 then error("flash_bench: --shape expects b,h,s,d (four integers), got " .. sh) end
-  else
-    flags[a] = true
-  end
-end
 local quick = flags["--quick"]
 local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 

@@ -14,15 +14,25 @@ local ffi = require "ffi"
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 
 local MODES, ROUNDS, NO_MASK, VAR = { "0", "default" }, 9, false, "ATTNLAB_FLASH_SCHED"
+local function usage_error(msg)
+  io.stderr:write("flash_sched_ab: " .. msg .. "\nusage: luajit scripts/flash_sched_ab.lua [--modes=a,b,...] " ..
+    "[--rounds=N] [--no-mask] [--env=NAME]\n")
+  os.exit(2)
+end
 for _, a in ipairs(arg or {}) do
-  local m, r, e = a:match("^%-%-modes=(.*)$"), a:match("^%-%-rounds=(%d+)$"), a:match("^%-%-env=([%w_]+)$")
+  local m, r, e = a:match("^%-%-modes=(.*)$"), a:match("^%-%-rounds=(.*)$"), a:match("^%-%-env=(.*)$")
   if m then
     MODES = {}
     for x in m:gmatch("[^,]+") do MODES[#MODES + 1] = x end
-  elseif r then ROUNDS = tonumber(r)
-  elseif e then VAR = e
+    if #MODES < 1 then usage_error("--modes expects a comma-separated list, got " .. a) end
+  elseif r then
+    if not r:match("^%d+$") or tonumber(r) < 1 then usage_error("--rounds expects a positive integer, got " .. r) end
+    ROUNDS = tonumber(r)
+  elseif e then
+    if not e:match("^[%a_][%w_]*$") then usage_error("--env expects an environment variable's name, got " .. e) end
+    VAR = e
   elseif a == "--no-mask" then NO_MASK = true
-  else error("flash_sched_ab: unknown argument " .. a .. " (--modes=a,b,... --rounds=N --no-mask --env=NAME)") end
+  else usage_error("unknown argument " .. a) end
 end
 if not al.cuda.available() then print("flash_sched_ab: skipped, no usable GPU") os.exit(0) end
 
