@@ -151,12 +151,7 @@ local function gpu_time(fn) return al.cuda.time(fn, { warmup = WARMUP, iters = I
 -- single measurements of a 0.5 ms forward scattered by 10-15% between runs on the H200 (session 13), and
 -- interleaving keeps a drift of the clocks out of the packed / separate ratio.
 local ROUNDS = quick and 1 or 5
-local function median(t)
-  local c = {}
-  for i, x in ipairs(t) do c[i] = x end
-  table.sort(c)
-  return c[math.floor((#c + 1) / 2)]
-end
+local median = al.results.median
 
 local SHAPES = { { 4, 16, 4096, 128 }, { 2, 16, 8192, 128 }, { 1, 16, 16384, 128 }, { 4, 32, 4096, 64 }, { 4, 16, 4096, 256 } }
 if quick then SHAPES = { { 4, 16, 4096, 128 } } end

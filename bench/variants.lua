@@ -93,10 +93,7 @@ local function measure_once(args, dout)
   return tf, math.max(tfb - tf, 1e-6)
 end
 
-local function median(t)
-  table.sort(t)
-  return t[math.floor((#t + 1) / 2)]
-end
+local median = al.results.median
 
 -- forward and backward ms of each configuration, measured in interleaved rounds (ABC, CBA, ABC: the GPU's
 -- clocks follow its power and temperature history, so configurations timed minutes apart drift apart),

@@ -43,12 +43,7 @@ local cases = { -- b, h, s, d, mask, layout
 }
 if NO_MASK then cases[#cases + 1] = { 4, 16, 4096, 128, "no_mask", "separate" } end
 
-local function median(t)
-  local c = {}
-  for i, x in ipairs(t) do c[i] = x end
-  table.sort(c)
-  return c[math.floor((#c + 1) / 2)]
-end
+local median = al.results.median
 local function list(t)
   local s = {}
   for i, x in ipairs(t) do s[i] = string.format("%.3f", x) end

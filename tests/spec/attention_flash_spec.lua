@@ -191,14 +191,20 @@ local function close(name, got, want, tol)
   close_values(name, values(got), values(want), tol)
 end
 
+-- the same case built twice from one seed: on the CPU (backend "cpu", the oracle) and on the GPU ("flash")
+local function cpu_gpu_args(build, dt, seed)
+  al.manual_seed(seed)
+  local ca = build(rng("cpu", dt))
+  al.manual_seed(seed)
+  local ga = build(rng("cuda", dt))
+  ca.backend, ga.backend = "cpu", "flash"
+  return ca, ga
+end
+
 local function run_case(c, dt)
   local label = c.name .. " [flash, " .. dt .. "]"
   local seed = 2000 + #c.name
-  al.manual_seed(seed)
-  local ca = c.build(rng("cpu", dt))
-  al.manual_seed(seed)
-  local ga = c.build(rng("cuda", dt))
-  ga.backend, ca.backend = "flash", "cpu"
+  local ca, ga = cpu_gpu_args(c.build, dt, seed)
   local text, chosen = al.attention.explain(ga)
   assert(chosen == "flash", label .. ": flash must serve this case:\n" .. text)
 
@@ -303,11 +309,7 @@ describe("attention flash backend #gpu", function()
         return with(sep(R, "sbhd", { b = 2, sq = 300, h = 5, hg = 1, d = 64 }), { attn_mask_type = "no_mask" }) end },
     }
     for _, sh in ipairs(shapes) do
-      al.manual_seed(91)
-      local ca = sh[2](rng("cpu", "bf16"))
-      al.manual_seed(91)
-      local ga = sh[2](rng("cuda", "bf16"))
-      ca.backend, ga.backend = "cpu", "flash"
+      local ca, ga = cpu_gpu_args(sh[2], "bf16", 91)
       local co, cctx = forward(ca)
       al.manual_seed(92)
       local cdout = al.randn(co:size(), { dtype = co:dtype() })
@@ -403,11 +405,7 @@ describe("attention flash backend #gpu", function()
         { attn_mask_type = "causal_bottom_right" }) end },
     }
     for _, sh in ipairs(shapes) do
-      al.manual_seed(77)
-      local ca = sh[2](rng("cpu", "bf16"))
-      al.manual_seed(77)
-      local ga = sh[2](rng("cuda", "bf16"))
-      ca.backend, ga.backend = "cpu", "flash"
+      local ca, ga = cpu_gpu_args(sh[2], "bf16", 77)
       local co, cctx = forward(ca)
       local outs = {}
       for _, mode in ipairs({ "0", "1" }) do

@@ -79,6 +79,19 @@ describe("al.results", function()
     assert.has_error(function() al.results.bench_emit(3) end, "results.bench_emit: row: expected a table, got number")
   end)
 
+  it("median: one of the measurements, the list left as it was; bad lists are errors naming the argument", function()
+    local t = { 3.5, 1.25, 9, 2 }
+    assert.equal(2, al.results.median(t))            -- even count: the lower middle
+    assert.same({ 3.5, 1.25, 9, 2 }, t)
+    assert.equal(3.5, al.results.median({ 7, 3.5, 1 }))
+    assert.equal(4, al.results.median({ 4 }))
+    assert.has_error(function() al.results.median({}) end,
+      "results.median: list: expected at least one number, got an empty table")
+    assert.has_error(function() al.results.median(5) end, "results.median: list: expected a table of numbers, got number")
+    assert.has_error(function() al.results.median({ 1, "x" }) end, "results.median: list[2]: expected a number, got x")
+    assert.has_error(function() al.results.median({ 0 / 0 }) end, "results.median: list[1]: expected a number, got NaN")
+  end)
+
   it("JSON lines round-trip: strings with quotes and newlines, floats, nested tables", function()
     local path = os.tmpname()
     local w = al.results.jsonl(path)
