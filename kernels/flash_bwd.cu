@@ -3,7 +3,7 @@
  * compiled at run time by NVRTC (src/cuda/nvrtc_cache.cu) for the device's architecture and cached.
  *
  * Three kernels in one module (one specialisation = one compile):
- *   al_flash_bwd_pre   one warp per query row (b, h, i): D_i = sum_d dO*O (f32, out/dout through any
+ *   al_flash_bwd_pre   d/8 lanes per query row (b, h, i): D_i = sum_d dO*O (f32, out/dout through any
  *                      strides and dtypes), lse2_i = lse_i * log2(e) (+inf for an empty or padded row,
  *                      so that exp2(s - lse2) = 0 there), and zeroes the row's dQ accumulators.
  *   al_flash_bwd       grid (KV blocks | splits, HG, B). A CTA owns one KV block of one kv head and
@@ -70,59 +70,121 @@ static_assert(NW % QG == 0, "dQ warp split");
 }  // namespace bwd
 
 /* ---- preprocessing --------------------------------------------------------------------------------- */
+/* AL_PRE_LANES lanes per query row (8 at d = 64, 16 at 128, 32 at 256), each owning 8 consecutive columns:
+ * a row of O and dO in the kernel's 16-bit dtype with unit column stride and 16-byte-aligned rows (the usual
+ * case) is read as one 16-byte load per lane of each; any other dtype or stride goes through al_ld_elem.
+ * The first version (one warp per row, 2-byte al_ld_elem loads) took 195 us at 4x16x4096x128 bf16 (135 MB
+ * read: 0.69 TB/s, ~360 instructions per row; ncu, session 14): 6% of the no-mask backward, 10% of the
+ * causal one. */
+#define AL_PRE_LANES (AL_HEAD_DIM / 8)
+static_assert(AL_PRE_LANES == 8 || AL_PRE_LANES == 16 || AL_PRE_LANES == 32, "pre pass: 8 columns per lane");
+
+/* sum over the 8 column pairs' products of one 16-byte chunk of O and dO (kernel dtype) */
+AL_DEV float al_pre_dot8(uint4 a, uint4 g) {
+    const al_u32 av[4] = {a.x, a.y, a.z, a.w}, gv[4] = {g.x, g.y, g.z, g.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+#if AL_BF16
+        s = fmaf(__uint_as_float(av[k] << 16), __uint_as_float(gv[k] << 16), s);
+        s = fmaf(__uint_as_float(av[k] & 0xffff0000u), __uint_as_float(gv[k] & 0xffff0000u), s);
+#else
+        s = fmaf(al_f16_to_f32((al_u16)(av[k] & 0xffffu)), al_f16_to_f32((al_u16)(gv[k] & 0xffffu)), s);
+        s = fmaf(al_f16_to_f32((al_u16)(av[k] >> 16)), al_f16_to_f32((al_u16)(gv[k] >> 16)), s);
+#endif
+    }
+    return s;
+}
+
 extern "C" __global__ void __launch_bounds__(256) al_flash_bwd_pre(AL_KPARAMS p) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    constexpr int G = AL_PRE_LANES;
+    const long long tg = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = threadIdx.x & (G - 1);                 /* this lane's chunk: columns [8c, 8c + 8) */
     const long long rows = (long long)p.B * p.H * p.SQ;
-    if (warp >= rows) return;
-    const int i = warp % p.SQ;
-    const int bh = warp / p.SQ;
+    const int live = tg / G < rows;                      /* dead lanes still join the shuffles */
+    const int row = live ? (int)(tg / G) : 0;            /* rows * D * 2 bytes fit in memory: row < 2^31 */
+    const int i = row % p.SQ;
+    const int bh = row / p.SQ;
     const int b = bh / p.H, h = bh % p.H;
     const int q_len = p.q_len ? (int)p.q_len[b] : p.SQ;
     const long long q_start = p.q_start ? p.q_start[b] : 0;
-    float dsum = 0.0f, lse2 = AL_POS_INF;
-    if (i < q_len) {
+    float dsum = 0.0f;
+    if (live && i < q_len) {
         const long long oo = b * p.o.sb + (q_start + i) * p.o.st + (long long)h * p.o.sh;
         const long long go = b * p.dout.sb + (q_start + i) * p.dout.st + (long long)h * p.dout.sh;
-        for (int d = lane; d < AL_HEAD_DIM; d += 32)
-            dsum += al_ld_elem(p.o.ptr, p.o.dtype, oo + d * p.o.sc) * al_ld_elem(p.dout.ptr, p.dout.dtype, go + d * p.dout.sc);
+        const int kdt = AL_BF16 ? AL_FLASH_DT_BF16 : AL_FLASH_DT_F16;
+        const al_u16 *po = (const al_u16 *)p.o.ptr + oo, *pg = (const al_u16 *)p.dout.ptr + go;
+        if (p.o.dtype == kdt && p.dout.dtype == kdt && p.o.sc == 1 && p.dout.sc == 1 &&
+            (((unsigned long long)po | (unsigned long long)pg) & 15ull) == 0) {
+            dsum = al_pre_dot8(__ldg((const uint4 *)po + c), __ldg((const uint4 *)pg + c));
+        } else {
+            for (int d = c; d < AL_HEAD_DIM; d += G)
+                dsum += al_ld_elem(p.o.ptr, p.o.dtype, oo + d * p.o.sc) *
+                        al_ld_elem(p.dout.ptr, p.dout.dtype, go + d * p.dout.sc);
+        }
+    }
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, off);
-        const long long lo = b * p.lse_sb + h * p.lse_sh + i * p.lse_si;
-        const float l = p.lse_dtype == AL_FLASH_DT_F64 ? (float)((const double *)p.lse_in)[lo]
-                                                        : ((const float *)p.lse_in)[lo];
-        lse2 = l == AL_NEG_INF ? AL_POS_INF : l * AL_LOG2E;
+    for (int off = G / 2; off > 0; off >>= 1) dsum += __shfl_xor_sync(0xffffffffu, dsum, off);
+    if (!live) return;
+    if (c == 0) {
+        float lse2 = AL_POS_INF;
+        if (i < q_len) {
+            const long long lo = b * p.lse_sb + h * p.lse_sh + i * p.lse_si;
+            const float l = p.lse_dtype == AL_FLASH_DT_F64 ? (float)((const double *)p.lse_in)[lo]
+                                                            : ((const float *)p.lse_in)[lo];
+            lse2 = l == AL_NEG_INF ? AL_POS_INF : l * AL_LOG2E;
+        }
+        p.dsum[row] = dsum;
+        p.lse2[row] = lse2;
     }
-    if (lane == 0) {
-        p.dsum[warp] = dsum;
-        p.lse2[warp] = lse2;
-    }
-    const long long split = (long long)p.B * p.H * p.SQ * AL_HEAD_DIM;
+    const long long split = rows * AL_HEAD_DIM;
     for (int sp = 0; sp < p.nsplit; sp++) {
-        float *acc = p.dq_acc + sp * split + (long long)warp * AL_HEAD_DIM;
-        for (int d = lane; d < AL_HEAD_DIM; d += 32) acc[d] = 0.0f;
+        float4 *acc = (float4 *)(p.dq_acc + sp * split + (long long)row * AL_HEAD_DIM + 8 * c);
+        acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 
 /* ---- dQ conversion ---------------------------------------------------------------------------------- */
+/* A lane per 8 consecutive columns of a row (grid-stride): the splits' f32 sums in split order (bit-identical
+ * to an element-wise loop), times scale; a dq row in the kernel's 16-bit dtype with unit column stride and a
+ * 16-byte-aligned chunk takes one 16-byte store, others al_st_elem per element. The first version (a lane per
+ * element, 64-bit divisions) took ~0.2 ms at 4x16x4096x128 (session 13). */
 extern "C" __global__ void __launch_bounds__(256) al_flash_bwd_dq(AL_KPARAMS p) {
-    const long long n = (long long)p.B * p.H * p.SQ * AL_HEAD_DIM;
-    const long long split = n;
-    for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < n; x += (long long)gridDim.x * blockDim.x) {
-        const int d = (int)(x % AL_HEAD_DIM);
-        const long long row = x / AL_HEAD_DIM;
-        const int i = (int)(row % p.SQ);
-        const int bh = (int)(row / p.SQ);
+    constexpr int G = AL_PRE_LANES;
+    const long long rows = (long long)p.B * p.H * p.SQ;
+    const long long split = rows * AL_HEAD_DIM;
+    const int kdt = AL_BF16 ? AL_FLASH_DT_BF16 : AL_FLASH_DT_F16;
+    for (long long u = (long long)blockIdx.x * blockDim.x + threadIdx.x; u < rows * G; u += (long long)gridDim.x * blockDim.x) {
+        const int row = (int)(u / G), c = (int)(u & (G - 1));
+        const int i = row % p.SQ;
+        const int bh = row / p.SQ;
         const int b = bh / p.H, h = bh % p.H;
         const int q_len = p.q_len ? (int)p.q_len[b] : p.SQ;
         const long long q_start = p.q_start ? p.q_start[b] : 0;
-        float v = 0.0f;
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = 0.0f;
         if (i < q_len) {
-            for (int sp = 0; sp < p.nsplit; sp++) v += p.dq_acc[sp * split + x];
-            v *= p.scale;
+            for (int sp = 0; sp < p.nsplit; sp++) {
+                const float4 *a = (const float4 *)(p.dq_acc + sp * split + (long long)row * AL_HEAD_DIM + 8 * c);
+                const float4 x0 = a[0], x1 = a[1];
+                v[0] += x0.x; v[1] += x0.y; v[2] += x0.z; v[3] += x0.w;
+                v[4] += x1.x; v[5] += x1.y; v[6] += x1.z; v[7] += x1.w;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] *= p.scale;
         } else if (p.q_start) {
             continue;     /* thd: rows past the sequence belong to the gaps or the next sequence */
         }
-        al_st_elem(p.dq.ptr, p.dq.dtype, b * p.dq.sb + (q_start + i) * p.dq.st + (long long)h * p.dq.sh + d * p.dq.sc, v);
+        const long long o = b * p.dq.sb + (q_start + i) * p.dq.st + (long long)h * p.dq.sh + 8 * c * p.dq.sc;
+        al_u16 *pq = (al_u16 *)p.dq.ptr + o;
+        if (p.dq.dtype == kdt && p.dq.sc == 1 && ((unsigned long long)pq & 15ull) == 0) {
+            *(uint4 *)pq = make_uint4(al_pack2(v[0], v[1]), al_pack2(v[2], v[3]), al_pack2(v[4], v[5]), al_pack2(v[6], v[7]));
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) al_st_elem(p.dq.ptr, p.dq.dtype, o + e * p.dq.sc, v[e]);
+        }
     }
 }
 

@@ -633,7 +633,7 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
     AL_TRY(fl_alloc(c, 4 * rows, &dsum));
     prm.lse2 = (float *)lse2;
     prm.dsum = (float *)dsum;
-    const unsigned pre_blocks = (unsigned)((rows * 32 + 255) / 256);
+    const unsigned pre_blocks = (unsigned)((rows * (D / 8) + 255) / 256);   /* al_flash_bwd_pre: d/8 lanes a row */
 
     /* the Hopper backward where it applies (default; ATTNLAB_FLASH_SM90_BWD=0 turns it off): it writes dq directly,
      * so the pre pass runs with no dQ accumulators to zero (nsplit = 0) */
@@ -658,7 +658,7 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
         int done = 0;
         AL_TRY(al_flash_sm90_backward(c->dev, pl, &prm, c->s, &done));
         if (done && fused) {
-            int64_t blocks = (rows * D + 255) / 256;
+            int64_t blocks = (rows * (D / 8) + 255) / 256;   /* al_flash_bwd_dq: a lane per 8 columns */
             const int64_t cap = (int64_t)al_cu_sm_count[c->dev] * 16;
             if (blocks > cap) blocks = cap;
             AL_TRY(launch(fns[2], "al_flash_bwd_dq", (unsigned)blocks, 1, 1, 256, 0, c->s, &prm));
@@ -677,7 +677,7 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
                       c->s, &prm));
     }
     if (rows > 0) {
-        int64_t blocks = (rows * D + 255) / 256;
+        int64_t blocks = (rows * (D / 8) + 255) / 256;
         const int64_t cap = (int64_t)al_cu_sm_count[c->dev] * 16;
         if (blocks > cap) blocks = cap;
         AL_TRY(launch(fns[2], "al_flash_bwd_dq", (unsigned)blocks, 1, 1, 256, 0, c->s, &prm));
