@@ -188,7 +188,13 @@ static void nvrtc_compile_source(const nvrtc_api *nv, const char *src, const cha
         snprintf(r->msg, sizeof r->msg, "%s: %.1900s", nv->errstr(rc), log ? log : "");
     } else {
         int unreported = 0;
-        r->serialized = log && strstr(log, "instructions are serialized") != NULL;
+        const char *ser = log ? strstr(log, "instructions are serialized") : NULL;
+        r->serialized = ser != NULL;
+        if (ser) {   /* the warning's line, so a failure says which wgmma and why */
+            const char *b = ser;
+            while (b > log && b[-1] != '\n') b--;
+            snprintf(r->msg, sizeof r->msg, "%.400s", b);
+        }
         for (int i = 0; i < nf && i < 4; i++) {
             nvrtc_parse_ptxas(log ? log : "", names[i], &r->regs[i], &r->spill[i]);
             unreported |= r->regs[i] < 0;

@@ -358,6 +358,7 @@ int main(void) {
                 CHECK(r->spill[0] <= allowed, "the Hopper kernel spills %d bytes (registers: %d; allowed %d)", r->spill[0],
                       r->regs[0], allowed);
                 /* C7518: a wgmma under a branch made ptxas serialise all of them (30% of the forward, session 5) */
+                if (r->serialized) fprintf(stderr, "  ptxas: %s\n", r->msg);
                 CHECK(!r->serialized, "ptxas serialised the Hopper kernel's wgmma (its C75xx \"wgmma.mma_async instructions are serialized\" warning)");
             }
             else if (specs[j].kind == AL_FLASH_FWD && specs[j].d <= 128)

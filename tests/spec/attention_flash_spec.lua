@@ -201,8 +201,9 @@ local function cpu_gpu_args(build, dt, seed)
   return ca, ga
 end
 
-local function run_case(c, dt)
-  local label = c.name .. " [flash, " .. dt .. "]"
+-- opts.out_dtype: the GPU ctx's out converted to that dtype before the backward (the pre pass's element-wise path)
+local function run_case(c, dt, opts)
+  local label = c.name .. " [flash, " .. dt .. (opts and opts.out_dtype and ", out " .. opts.out_dtype or "") .. "]"
   local seed = 2000 + #c.name
   local ca, ga = cpu_gpu_args(c.build, dt, seed)
   local text, chosen = al.attention.explain(ga)
@@ -214,6 +215,7 @@ local function run_case(c, dt)
   close(label .. " out", go, co, tol)
   close_values(label .. " lse", values(gctx.lse), values(cctx.lse), 1e-4)
 
+  if opts and opts.out_dtype then gctx.out = gctx.out:to(opts.out_dtype) end
   al.manual_seed(seed + 1)
   local cdout = al.randn(co:size(), { dtype = co:dtype() })
   al.manual_seed(seed + 1)
@@ -293,6 +295,25 @@ describe("attention flash backend #gpu", function()
       end
     end)
     assert(n >= 20, "only " .. n .. " cases ran")
+  end)
+
+  -- The backward's pre pass (D = rowsum(dO O), flash_bwd.cu's al_flash_bwd_pre) reads a row of out and dout
+  -- 16 bytes a lane when both are in the kernel's dtype with unit column stride and aligned rows (every case
+  -- above); anything else goes element by element through al_ld_elem. An out in f32 (a ctx whose out was
+  -- converted) takes that path, under the Hopper backward and the stage-1 one, for dense, GQA and thd cases.
+  it("the backward's pre pass reads an out in another dtype (its element-wise path)", function()
+    if not HAS_GPU then pending("no GPU") return end
+    local names = { ["d=128 s=1000 causal, bshd, GQA"] = true, ["d=64 s=1000 no_mask, sbhd, MQA"] = true,
+      ["d=256 cross sq=77 skv=200, causal_bottom_right"] = true, ["thd with cu_seqlens_padded gaps, bottom-right cross"] = true }
+    local n = 0
+    for _, c in ipairs(CASES) do
+      if names[c.name] then
+        run_case(c, c.dtypes[1], { out_dtype = "f32" })
+        with_env("ATTNLAB_FLASH_SM90_BWD", "0", function() run_case(c, c.dtypes[1], { out_dtype = "f32" }) end)
+        n = n + 1
+      end
+    end
+    assert.equal(4, n, "cases found")
   end)
 
   -- The Hopper kernels' launch order (p.sched_hb; causal launches go longest block first, across heads, in
