@@ -87,11 +87,18 @@ $(CUDA_LIB): $(CUDA_OBJ) $(CORE_LIB)
 	$(NVCC) -shared -o $@.tmp $(CUDA_OBJ) -L$(LIBDIR) -lattnlab $(CUDA_LDLIBS) -Xlinker --no-undefined -Xlinker -rpath='$$ORIGIN' \
 		&& mv -f $@.tmp $@
 
-# The Hopper forward's GPU check and bench (not part of `make test`: it needs an sm_90 GPU to check
-# anything; without one it prints "no GPU" and exits 0). Used by scripts/gpu_sanitize.sh.
-$(BUILD)/tests/flash_sm90_check: tests/cuda/flash_sm90_check.cu $(wildcard src/cuda/flash_*.h)
+# The Hopper forward's and backward's GPU checks and benches (not part of `make test`: they need an sm_90 GPU
+# to check anything; without one they print "no GPU" and exit 0; `make gpu-checks` builds both).
+# flash_sm90_check is used by scripts/gpu_sanitize.sh.
+GPU_CHECK_DEPS := tests/cuda/flash_check_common.h $(wildcard src/cuda/flash_*.h kernels/flash_params.h)
+$(BUILD)/tests/flash_sm90_check: tests/cuda/flash_sm90_check.cu $(GPU_CHECK_DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc $< -o $@ -lnvrtc
+$(BUILD)/tests/flash_sm90_bwd_check: tests/cuda/flash_sm90_bwd_check.cu $(GPU_CHECK_DEPS)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc $< -o $@ -lnvrtc
+.PHONY: gpu-checks
+gpu-checks: $(BUILD)/tests/flash_sm90_check $(BUILD)/tests/flash_sm90_bwd_check
 
 $(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
 	@mkdir -p $(dir $@)

@@ -31,7 +31,8 @@
  * f32 atomics, so capture gradients are not bit-reproducible even in deterministic mode).
  * Warps: (BLOCK_N / 16) * WS where WS = 2 for d = 256 (two warps share 16 kv rows and split dK/dV along d: each recomputes
  * S^T and dP^T), else 1.
- * Bench: luajit bench/flash_bench.lua
+ * Bench: luajit bench/flash_bench.lua (ATTNLAB_FLASH_SM90_BWD=0 for this backward on sm_90); the pre pass is also
+ * checked and timed on its own by tests/cuda/flash_sm90_bwd_check.cu.
  * Shared memory: K [BN][D] | V [BN][D] | Q [BM][D] | dO [BM][D] | dS^T [BN][BM] (16-bit, swizzled)
  *                | lse2 [BM] | D [BM] (f32).
  */

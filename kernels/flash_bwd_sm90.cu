@@ -44,6 +44,8 @@
  * Shared memory (1024-byte aligned): own0 [D/64][R][64] | own1 | st0 [ST][D/64][BN][64] | st1 |
  * (AL_SM90_DQ_ATOMIC: dS^T [2][R][BN]) | mbarriers |
  * (block mask: the tile list, u16 [AL_SM90_BM_LIST], and its count).
+ * Check / bench: tests/cuda/flash_sm90_bwd_check.cu (both kernels and the pre pass against naive f32
+ * gradients, then each kernel's time over the flash_bench shapes); in the library: luajit bench/flash_bench.lua.
  * Status: the default backward on sm_90 (ATTNLAB_FLASH_SM90_BWD=0 switches it off). Variants: compiled
  * with no spills (tests/c/test_nvrtc_kernels.c, test_flash_variant.c); on a GPU test_flash_variant compares
  * them with a double-precision oracle and with the stage-1 backward.
