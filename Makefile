@@ -87,8 +87,9 @@ $(CUDA_LIB): $(CUDA_OBJ) $(CORE_LIB)
 	$(NVCC) -shared -o $@.tmp $(CUDA_OBJ) -L$(LIBDIR) -lattnlab $(CUDA_LDLIBS) -Xlinker --no-undefined -Xlinker -rpath='$$ORIGIN' \
 		&& mv -f $@.tmp $@
 
-# The Hopper forward's and backward's GPU checks and benches (not part of `make test`: they need an sm_90 GPU
-# to check anything; without one they print "no GPU" and exit 0; `make gpu-checks` builds both).
+# The Hopper forward's and backward's GPU checks and benches (tests/cuda): `make test` builds them when nvcc is
+# found and runs their correctness cases (FLASH_SM90_ONLY=check); without an sm_90 GPU they report themselves
+# skipped. `make gpu-checks` builds both; run without FLASH_SM90_ONLY they also time the kernels.
 # flash_sm90_check is used by scripts/gpu_sanitize.sh.
 GPU_CHECK_DEPS := tests/cuda/flash_check_common.h $(wildcard src/cuda/flash_*.h kernels/flash_params.h)
 $(BUILD)/tests/flash_sm90_check: tests/cuda/flash_sm90_check.cu $(GPU_CHECK_DEPS)
@@ -97,8 +98,9 @@ $(BUILD)/tests/flash_sm90_check: tests/cuda/flash_sm90_check.cu $(GPU_CHECK_DEPS
 $(BUILD)/tests/flash_sm90_bwd_check: tests/cuda/flash_sm90_bwd_check.cu $(GPU_CHECK_DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Iinclude -Isrc $< -o $@ -lnvrtc
+GPU_CHECKS := $(if $(NVCC),$(BUILD)/tests/flash_sm90_check $(BUILD)/tests/flash_sm90_bwd_check)
 .PHONY: gpu-checks
-gpu-checks: $(BUILD)/tests/flash_sm90_check $(BUILD)/tests/flash_sm90_bwd_check
+gpu-checks: $(GPU_CHECKS)
 
 $(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
 	@mkdir -p $(dir $@)
@@ -119,10 +121,11 @@ $(BUILD)/variant_snippets.txt: all tests/c/variant_snippets.lua lua/attnlab/vari
 	@mkdir -p $(BUILD)
 	@env $(LUA_ENV) luajit tests/c/variant_snippets.lua > $@.tmp && mv -f $@.tmp $@
 
-test: all $(C_TESTS) $(BUILD)/variant_snippets.txt
+test: all $(C_TESTS) $(GPU_CHECKS) $(BUILD)/variant_snippets.txt
 	@mkdir -p $(BUILD)
 	@rm -f $(BUILD)/test.log
 	@for t in $(C_TESTS); do sh scripts/tally.sh run $(BUILD)/test.log $$t; done; true
+	@for t in $(GPU_CHECKS); do FLASH_SM90_ONLY=check sh scripts/tally.sh run $(BUILD)/test.log $$t; done; true
 	@for f in tests/spec/*_spec.lua; do echo "== $$f"; \
 		sh scripts/tally.sh run $(BUILD)/test.log env ATTNLAB_POISON_GRADS=1 $(LUA_ENV) $(BUSTED) -o tests/spec/summary.lua $$f; done; true
 	@sh scripts/tally.sh $(BUILD)/test.log

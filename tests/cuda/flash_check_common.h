@@ -303,20 +303,21 @@ static double now_ms(cudaEvent_t a, cudaEvent_t b) {
 }
 
 /* 0 when device 0 is an sm_90 GPU with the driver entry points loaded (its primary context current); else
- * prints why ("no GPU", another architecture) and returns the exit status to use (0: nothing to check) */
-static int gpu_ready(void) {
+ * prints why as a skipped test in scripts/tally.sh's format ("c-test NAME: 0 passed, 0 failed, 1 skipped (no
+ * GPU)") and returns -1 (nothing to check: exit 0), or 2 when the driver's entry points are missing */
+static int gpu_ready(const char *name) {
     const char *kd = getenv("ATTNLAB_KERNEL_DIR");
     if (kd && *kd) g_kdir = kd;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("no GPU\n");
+        printf("c-test %s: 0 passed, 0 failed, 1 skipped (no GPU)\n", name);
         return -1;
     }
     int major = 0, minor = 0;
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
     if (major != 9 || minor != 0) {
-        printf("device 0 is sm_%d%d, not sm_90: nothing to check\n", major, minor);
+        printf("c-test %s: 0 passed, 0 failed, 1 skipped (device 0 is sm_%d%d, not sm_90)\n", name, major, minor);
         return -1;
     }
     CK(cudaFree(0));   /* the primary context, current for the driver API */

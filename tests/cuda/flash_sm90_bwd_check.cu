@@ -17,8 +17,8 @@
  * 2. speed: TFLOP/s of the whole backward (pre + dK/dV + dQ; 2.5 x 4 b h s^2 d, causal halved) and the time of
  *    each kernel, at the flash_bench shapes, bf16 (3 warm-ups, mean of 10, CUDA events; FLASH_SM90_BENCH_WARMUP
  *    and FLASH_SM90_BENCH_ITERS change those).
- * Without a GPU it prints "no GPU" and exits 0; exits 1 on any failure. Env: ATTNLAB_KERNEL_DIR (default
- * ./kernels), FLASH_SM90_ONLY=check|bench.
+ * Without a GPU it reports itself skipped (scripts/tally.sh's format) and exits 0; exits 1 on any failure.
+ * Env: ATTNLAB_KERNEL_DIR (default ./kernels), FLASH_SM90_ONLY=check|bench (`make test` runs the check).
  */
 #include "flash_check_common.h"
 
@@ -326,7 +326,7 @@ static void bench_case(int B, int H, int S, int D, int causal) {
 
 int main(void) {
     const char *only = getenv("FLASH_SM90_ONLY");
-    const int ready = gpu_ready();
+    const int ready = gpu_ready("flash_sm90_bwd_check");
     if (ready) return ready < 0 ? 0 : ready;
     int fails = 0, n = 0;
     if (!only || strcmp(only, "bench") != 0) {
@@ -355,6 +355,7 @@ int main(void) {
             n++;
         }
         printf("correctness: %d of %d cases passed\n", n - fails, n);
+        printf("c-test flash_sm90_bwd_check: %d passed, %d failed\n", n - fails, fails);
     }
     if (!only || strcmp(only, "check") != 0) {
         bench_case(4, 16, 4096, 128, 0);

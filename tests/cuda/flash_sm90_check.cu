@@ -16,7 +16,8 @@
  *    (4,32,4096,64), (4,8,4096,256), causal off/on, bf16 (3 warm-ups, mean of 10, CUDA events).
  * Also prints ptxas's register / spill line of every sm90 specialisation it compiles. The backward's check is
  * tests/cuda/flash_sm90_bwd_check.cu; what both share, tests/cuda/flash_check_common.h.
- * Without a GPU it prints "no GPU" and exits 0; exits 1 on any failure.
+ * Without a GPU it reports itself skipped (scripts/tally.sh's format) and exits 0; exits 1 on any failure
+ * (`make test` runs the check, FLASH_SM90_ONLY=check).
  * Env: ATTNLAB_KERNEL_DIR (default ./kernels), FLASH_SM90_ONLY=check|bench|compile (compile: every shipped
  * sm90 specialisation with NVRTC, ptxas lines printed, exit 1 on spills; needs no GPU).
  */
@@ -185,7 +186,7 @@ int main(void) {
     if (kd && *kd) g_kdir = kd;
     const char *only = getenv("FLASH_SM90_ONLY");
     if (only && strcmp(only, "compile") == 0) return compile_all();
-    const int ready = gpu_ready();
+    const int ready = gpu_ready("flash_sm90_check");
     if (ready) return ready < 0 ? 0 : ready;
     int fails = 0, n = 0;
     if (!only || strcmp(only, "bench") != 0) {
@@ -217,6 +218,7 @@ int main(void) {
             n++;
         }
         printf("correctness: %d of %d cases passed\n", n - fails, n);
+        printf("c-test flash_sm90_check: %d passed, %d failed\n", n - fails, fails);
     }
     if (!only || strcmp(only, "check") != 0) {
         bench_case(4, 16, 4096, 128, 0);
