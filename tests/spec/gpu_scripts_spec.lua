@@ -19,6 +19,11 @@ describe("GPU-only scripts", function()
     { "scripts/flash_sched_ab.lua", "--rounds=0", "--rounds expects a positive integer, got 0" },
     { "scripts/flash_sched_ab.lua", "--env=NOT-A-NAME", "--env expects an environment variable's name" },
     { "scripts/flash_sched_ab.lua", "--modes", "unknown argument --modes" },
+    { "scripts/flash_probe.lua", "--shape=4,16,4096", "--shape expects b,h,s,d" },
+    { "scripts/flash_probe.lua", "--mask=window", "--mask expects no_mask or causal, got window" },
+    { "scripts/flash_probe.lua", "--dtype=f32", "--dtype expects bf16 or f16, got f32" },
+    { "scripts/flash_probe.lua", "--calls=0", "--calls expects a positive integer, got 0" },
+    { "scripts/flash_probe.lua", "--shape", "unknown argument --shape" },
   }
   for _, c in ipairs(cases) do
     it(c[1] .. " " .. c[2] .. ": an error naming it", function()
@@ -31,7 +36,9 @@ describe("GPU-only scripts", function()
 
   for _, c in ipairs({ { "bench/flash_bench.lua", "--shape=2,4,256,64 --quick", "flash_bench: skipped, no usable GPU" },
     { "scripts/flash_sched_ab.lua", "--modes=0,default,4 --rounds=3 --env=ATTNLAB_FLASH_SCHED",
-      "flash_sched_ab: skipped, no usable GPU" } }) do
+      "flash_sched_ab: skipped, no usable GPU" },
+    { "scripts/flash_probe.lua", "--shape=2,4,256,64 --mask=causal --dtype=f16 --calls=2",
+      "flash_probe: skipped, no usable GPU" } }) do
     it(c[1] .. " with good arguments and no GPU: skipped, exit 0", function()
       local out, rc = run(c[1], c[2])
       assert.equal(0, rc, out)

@@ -1,0 +1,57 @@
+-- scripts/flash_probe.lua — one shape's flash forward and a few backwards, nothing else: the process to hand a
+-- profiler (ncu, nsys, compute-sanitizer). Random inputs, separate bshd tensors.
+--   luajit scripts/flash_probe.lua [--shape=b,h,s,d] [--mask=no_mask|causal] [--dtype=bf16|f16] [--calls=N]
+-- Defaults: 4,16,4096,128, no_mask, bf16, 3 backwards after one forward. Each backward launches the pre pass and
+-- the Hopper dK/dV and dQ kernels (kernels/flash_bwd.cu, flash_bwd_sm90.cu), so the second backward's three
+-- kernels are launches 4-6 of regex "al_flash_bwd" (the first warms the module cache). Session 14's profile
+-- (docs/PERFORMANCE.md) was, from the repo root after `. .gpu-deps/env.sh`:
+--   ncu --clock-control none --kernel-name regex:"al_flash_bwd" --launch-skip 3 --launch-count 3 \
+--       --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
+--   lts__t_sector_hit_rate.pct,dram__bytes_read.sum,smsp__inst_executed.sum luajit scripts/flash_probe.lua
+-- (add --section WarpStateStats --section SchedulerStats for where the warps wait). Without a GPU it says so and
+-- exits 0; a malformed argument is an error naming it (exit 2).
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local al = require "attnlab"
+
+local USAGE = "usage: luajit scripts/flash_probe.lua [--shape=b,h,s,d] [--mask=no_mask|causal] [--dtype=bf16|f16] " ..
+  "[--calls=N]"
+local function usage_error(msg)
+  io.stderr:write("flash_probe: " .. msg .. "\n" .. USAGE .. "\n")
+  os.exit(2)
+end
+
+local shape, mask, dtype, calls = { 4, 16, 4096, 128 }, "no_mask", "bf16", 3
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^%-%-([%w_]+)=(.*)$")
+  if k == "shape" then
+    local b, h, s, d = v:match("^(%d+),(%d+),(%d+),(%d+)$")
+    shape = { tonumber(b), tonumber(h), tonumber(s), tonumber(d) }
+    if not b or shape[1] < 1 or shape[2] < 1 or shape[3] < 1 or shape[4] < 1 then
+      usage_error("--shape expects b,h,s,d (positive integers), got " .. v)
+    end
+  elseif k == "mask" then
+    if v ~= "no_mask" and v ~= "causal" then usage_error("--mask expects no_mask or causal, got " .. v) end
+    mask = v
+  elseif k == "dtype" then
+    if v ~= "bf16" and v ~= "f16" then usage_error("--dtype expects bf16 or f16, got " .. v) end
+    dtype = v
+  elseif k == "calls" then
+    if not v:match("^%d+$") or tonumber(v) < 1 then usage_error("--calls expects a positive integer, got " .. v) end
+    calls = tonumber(v)
+  else
+    usage_error("unknown argument " .. a)
+  end
+end
+if not al.cuda.available() then print("flash_probe: skipped, no usable GPU") os.exit(0) end
+
+local b, h, s, d = shape[1], shape[2], shape[3], shape[4]
+al.manual_seed(3)
+local function r() return al.randn({ b, s, h, d }, { dtype = dtype, device = "cuda" }) end
+local args = { query_layer = r(), key_layer = r(), value_layer = r(), qkv_format = "bshd", backend = "flash",
+  attn_mask_type = mask }
+local out, ctx = al.attention.forward(args)
+local dout = al.randn(out:size(), { dtype = dtype, device = "cuda" })
+for _ = 1, calls do al.attention.backward(ctx, dout) end
+al.cuda.synchronize()
+print(string.format("flash_probe: %dx%dx%dx%d %s %s, one forward and %d backward%s", b, h, s, d, dtype, mask, calls,
+  calls == 1 and "" or "s"))
