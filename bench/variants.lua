@@ -88,21 +88,26 @@ end
 -- (not an attention argument: taken out before the calls) is set while it runs, e.g. the opt-in lean backward
 local ffi = require "ffi"
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
-local function measure_once(args, dout)
+-- fn(attention arguments) with the configuration's ENV set; returns what fn returns
+local function with_config(args, fn)
   local env = args.ENV
-  local a = args
-  if env then
-    a = with(args, {})
-    a.ENV = nil
-    for k, v in pairs(env) do ffi.C.setenv(k, v, 1) end
-  end
-  local tf = gpu_time(function() al.attention.forward(a) end)
-  local tfb = gpu_time(function()
-    local _, c = al.attention.forward(a)
-    al.attention.backward(c, dout)
+  if not env then return fn(args) end
+  local a = with(args, {})
+  a.ENV = nil
+  for k, v in pairs(env) do ffi.C.setenv(k, v, 1) end
+  local r1, r2 = fn(a)
+  for k in pairs(env) do ffi.C.unsetenv(k) end
+  return r1, r2
+end
+local function measure_once(args, dout)
+  return with_config(args, function(a)
+    local tf = gpu_time(function() al.attention.forward(a) end)
+    local tfb = gpu_time(function()
+      local _, c = al.attention.forward(a)
+      al.attention.backward(c, dout)
+    end)
+    return tf, math.max(tfb - tf, 1e-6)
   end)
-  if env then for k in pairs(env) do ffi.C.unsetenv(k) end end
-  return tf, math.max(tfb - tf, 1e-6)
 end
 
 local median = al.results.median
@@ -113,12 +118,12 @@ local median = al.results.median
 local ROUNDS = quick and 1 or 3
 local function measure(...)
   local configs, douts = { ... }, {}
-  for i, args in ipairs(configs) do
-    local a = with(args, {})
-    a.ENV = nil
-    local out, ctx = al.attention.forward(a)
-    douts[i] = al.randn(out:size(), { dtype = "bf16", device = "cuda" })
-    measure_once(args, douts[i])   -- compiles what the configuration runs (its ENV set)
+  for i, args in ipairs(configs) do   -- one call each first: compiles what the configuration runs
+    with_config(args, function(a)
+      local out, ctx = al.attention.forward(a)
+      douts[i] = al.randn(out:size(), { dtype = "bf16", device = "cuda" })
+      al.attention.backward(ctx, douts[i])
+    end)
   end
   local f, bw = {}, {}
   for i = 1, #configs do f[i], bw[i] = {}, {} end

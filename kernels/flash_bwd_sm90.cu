@@ -642,7 +642,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if B90_LEAN_MOD
         /* this tile's columns of v (lse2: +inf out of the sequence; D: 0). lse2 here, D while dP^T and dV run
          * (step 3): score_grad's packed factor lives beside P, and with D loaded here too the d = 128 kernel
-         * spilled 32-36 bytes */
+         * spilled 32-36 bytes. The default build keeps its one loop over both (below): through this lambda, as
+         * two loops, every default dK/dV kernel's SASS changed (session 14), and those are the timed ones */
         const auto load_cols = [&](float (*dst)[2], const float *v, float out_val) {
             const float *vp = v + lrow + c0 + tq * 2;
             if (c0 + BN <= s.q_len) {

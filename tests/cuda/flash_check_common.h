@@ -302,6 +302,15 @@ static double now_ms(cudaEvent_t a, cudaEvent_t b) {
     return ms;
 }
 
+/* Runs check on every case and reports them in scripts/tally.sh's format; returns the number that failed. */
+static int run_cases(const char *name, const Case *cases, int n, int (*check)(const Case &)) {
+    int fails = 0;
+    for (int i = 0; i < n; i++) fails += !check(cases[i]);
+    printf("correctness: %d of %d cases passed\n", n - fails, n);
+    printf("c-test %s: %d passed, %d failed\n", name, n - fails, fails);
+    return fails;
+}
+
 /* 0 when device 0 is an sm_90 GPU with the driver entry points loaded (its primary context current); else
  * prints why as a skipped test in scripts/tally.sh's format ("c-test NAME: 0 passed, 0 failed, 1 skipped (no
  * GPU)") and returns -1 (nothing to check: exit 0), or 2 when the driver's entry points are missing */

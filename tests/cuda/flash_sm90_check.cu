@@ -188,7 +188,7 @@ int main(void) {
     if (only && strcmp(only, "compile") == 0) return compile_all();
     const int ready = gpu_ready("flash_sm90_check");
     if (ready) return ready < 0 ? 0 : ready;
-    int fails = 0, n = 0;
+    int fails = 0;
     if (!only || strcmp(only, "bench") != 0) {
         /* B H HG SQ SKV D mask br thd bf16 wl wr */
         const Case cases[] = {
@@ -213,12 +213,7 @@ int main(void) {
             {4, 4, 4, 600, 600, 64, 1, 0, 1, 1, 0, 0},
             {3, 2, 2, 1, 1, 128, 0, 0, 0, 1, 0, 0},        /* s = 1 */
         };
-        for (const Case &c : cases) {
-            fails += !check_case(c);
-            n++;
-        }
-        printf("correctness: %d of %d cases passed\n", n - fails, n);
-        printf("c-test flash_sm90_check: %d passed, %d failed\n", n - fails, fails);
+        fails = run_cases("flash_sm90_check", cases, (int)(sizeof cases / sizeof cases[0]), check_case);
     }
     if (!only || strcmp(only, "check") != 0) {
         bench_case(4, 16, 4096, 128, 0);
