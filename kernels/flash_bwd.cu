@@ -36,6 +36,7 @@
  * Shared memory: K [BN][D] | V [BN][D] | Q [BM][D] | dO [BM][D] | dS^T [BN][BM] (16-bit, swizzled)
  *                | lse2 [BM] | D [BM] (f32).
  */
+#define AL_FL_BACKWARD 1   /* flash_common.cuh: score_mod unfolded, to share work with its gradient */
 #include "flash_common.cuh"
 
 #ifndef AL_BWD_BLOCK_N

@@ -50,6 +50,7 @@
  * with no spills (tests/c/test_nvrtc_kernels.c, test_flash_variant.c); on a GPU test_flash_variant compares
  * them with a double-precision oracle and with the stage-1 backward.
  */
+#define AL_FL_BACKWARD 1   /* flash_common.cuh: score_mod unfolded, to share work with its gradient */
 #include "flash_common.cuh"
 #include "sm90_common.cuh"
 

@@ -28,7 +28,8 @@
  *       raw q.k product, scale softmax_scale. Constant factors on score fold into scale (the compiler
  *       hoists scale * c out of the loops) and AL_SCORE_POST * log2(e) into the softmax's exponent
  *       (one FFMA per element, as without a hook): soft-capping costs one FMUL and a tanh per score
- *       instead of four FMULs and a tanh. Defined only beside AL_SCORE_MOD (attention.c checks).
+ *       instead of four FMULs and a tanh. Defined only beside AL_SCORE_MOD (attention.c checks). The
+ *       backward kernels ignore it where AL_SCORE_MOD_GRAD is defined (AL_FL_BACKWARD, below).
  *   AL_EX2_FMA_EVERY k (0 or unset = off): the Hopper forward computes the exponentials of every k-th
  *       n8 column group of its score tiles with al_ex2_fma (FMA pipe) instead of ex2.approx (MUFU), so
  *       that a score_mod with its own MUFU operation (tanh, exp, log, sqrt) leaves the multi-function
@@ -90,7 +91,12 @@
 #define AL_HAS_SCORE_MOD 0
 #define AL_SCORE_MOD(score, b, h, q_idx, kv_idx) (score)
 #endif
-#ifdef AL_SCORE_PRE
+/* The backward files define AL_FL_BACKWARD before this header: there a score_mod with a gradient is evaluated
+ * unfolded (AL_SCORE_MOD of score = acc * scale), so that the logit and AL_SCORE_MOD_GRAD(grad, score, ...) are
+ * written in the same terms and the compiler merges what they share: soft-capping's tanh(score / 30) becomes
+ * one MUFU op per element instead of two (the folded tanh(acc * (scale / 30)) rounds its argument differently,
+ * so it cannot be merged with the gradient's). The forward keeps the folded form. */
+#if defined(AL_SCORE_PRE) && !(defined(AL_FL_BACKWARD) && defined(AL_SCORE_MOD_GRAD))
 #define AL_HAS_SCORE_PRE 1
 #ifndef AL_SCORE_POST
 #define AL_SCORE_POST 1.0f
