@@ -1,7 +1,6 @@
 -- bench/variants.lua — attention variants (score_mod / mask_mod, docs/VARIANTS.md) on the flash
 -- backend, against the same kernels without hooks:
---   1. tanh soft-capping through score_mod vs no hook (issue target: <= 15 % slower), and the same with the
---      opt-in lean backward (ATTNLAB_FLASH_SM90_BWD_LEAN_MOD=1, docs/FLASH.md)
+--   1. tanh soft-capping through score_mod vs no hook (issue target: <= 15 % slower)
 --   2. causal through mask_mod + block mask vs built-in causal (target: within 10 %)
 --   3. sliding window 1024 (mask_mod + block mask) at s = 16384 vs full attention (target: >= 5x faster)
 -- (b, h, d) = (1..4, 16, 128), bf16, bshd, forward and backward. FLOPs as bench/flash_bench.lua:
@@ -84,30 +83,14 @@ local function gpu_time(fn)
   return al.cuda.time(fn, { warmup = 1, iters = iters })
 end
 
--- forward ms and forward+backward ms of one configuration, one round. A configuration's ENV = {NAME = value}
--- (not an attention argument: taken out before the calls) is set while it runs, e.g. the opt-in lean backward
-local ffi = require "ffi"
-pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
--- fn(attention arguments) with the configuration's ENV set; returns what fn returns
-local function with_config(args, fn)
-  local env = args.ENV
-  if not env then return fn(args) end
-  local a = with(args, {})
-  a.ENV = nil
-  for k, v in pairs(env) do ffi.C.setenv(k, v, 1) end
-  local r1, r2 = fn(a)
-  for k in pairs(env) do ffi.C.unsetenv(k) end
-  return r1, r2
-end
-local function measure_once(args, dout)
-  return with_config(args, function(a)
-    local tf = gpu_time(function() al.attention.forward(a) end)
-    local tfb = gpu_time(function()
-      local _, c = al.attention.forward(a)
-      al.attention.backward(c, dout)
-    end)
-    return tf, math.max(tfb - tf, 1e-6)
+-- forward ms and forward+backward ms of one configuration, one round
+local function measure_once(a, dout)
+  local tf = gpu_time(function() al.attention.forward(a) end)
+  local tfb = gpu_time(function()
+    local _, c = al.attention.forward(a)
+    al.attention.backward(c, dout)
   end)
+  return tf, math.max(tfb - tf, 1e-6)
 end
 
 local median = al.results.median
@@ -118,12 +101,10 @@ local median = al.results.median
 local ROUNDS = quick and 1 or 3
 local function measure(...)
   local configs, douts = { ... }, {}
-  for i, args in ipairs(configs) do   -- one call each first: compiles what the configuration runs
-    with_config(args, function(a)
-      local out, ctx = al.attention.forward(a)
-      douts[i] = al.randn(out:size(), { dtype = "bf16", device = "cuda" })
-      al.attention.backward(ctx, douts[i])
-    end)
+  for i, a in ipairs(configs) do   -- one call each first: compiles what the configuration runs
+    local out, ctx = al.attention.forward(a)
+    douts[i] = al.randn(out:size(), { dtype = "bf16", device = "cuda" })
+    al.attention.backward(ctx, douts[i])
   end
   local f, bw = {}, {}
   for i = 1, #configs do f[i], bw[i] = {}, {} end
@@ -153,12 +134,10 @@ if section(1) then
     local a = with(inputs(b, H, s, D), { attn_mask_type = "no_mask" })
     local flops = 4 * b * H * s * s * D
     local sc = function(score) return 30 * al.tanh(score / 30) end
-    local m = measure(a, with(a, { score_mod = sc }),
-      with(a, { score_mod = sc, ENV = { ATTNLAB_FLASH_SM90_BWD_LEAN_MOD = "1" } }))
+    local m = measure(a, with(a, { score_mod = sc }))
     local rf, rb = m[1][1], m[1][2]
     row("plain (reference)", b, s, flops, rf, rb, rf, rb)
     row("softcap 30 (score_mod)", b, s, flops, m[2][1], m[2][2], rf, rb)
-    row("softcap 30, lean backward (opt-in)", b, s, flops, m[3][1], m[3][2], rf, rb)
   end
 end
 

@@ -111,20 +111,11 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
  * score: score_mod (and its gradient) or a capture gradient. A variant with mask_mod only (and/or a block
  * mask) takes the plain path, which applies mask_mod through al_fl_valid where the block is partial: the
  * sliced path's m64n16/n32 products made causal-through-mask_mod's backward 1.21-1.26x built-in causal. */
-/* AL_SM90_LEAN_MOD 1 (opt-in, ATTNLAB_FLASH_SM90_BWD_LEAN_MOD=1; not yet run on a GPU, session 14): a variant
- * whose score_mod needs no capture gradient takes the plain path too. P comes from the logit through
- * score_mod, and score_grad's factor d(new logit)/d(score) (score_grad is linear in its grad argument: the
- * chain rule) is evaluated at the same time, packed in the kernel's 16-bit dtype next to P (zero where P is
- * masked), and multiplied into dS: one more rounding of dS than the sliced path's f32 chain. */
-#ifndef AL_SM90_LEAN_MOD
-#define AL_SM90_LEAN_MOD 0
-#endif
-#if AL_VARIANT && (AL_HAS_CAPTURE_GRAD || (AL_HAS_SCORE_MOD && !AL_SM90_LEAN_MOD))
+#if AL_VARIANT && (AL_HAS_SCORE_MOD || AL_HAS_CAPTURE_GRAD)
 #define B90_SLICED 1
 #else
 #define B90_SLICED 0
 #endif
-#define B90_LEAN_MOD (AL_VARIANT && AL_HAS_SCORE_MOD && !B90_SLICED)
 
 #if AL_HEAD_DIM == 64
 #define AL_WG_RS_D al_wgmma_rs_n64_tb
@@ -640,27 +631,6 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
          * 11) and right before their use, behind S's wait, they cost the backward 24-27% (session 12). A tile
          * whose query columns all lie inside the sequence (uniform test) loads them without predicates. */
         float l2v[BN / 8][2], ddc[BN / 8][2];
-#if B90_LEAN_MOD
-        /* this tile's columns of v (lse2: +inf out of the sequence; D: 0). lse2 here, D while dP^T and dV run
-         * (step 3): score_grad's packed factor lives beside P, and with D loaded here too the d = 128 kernel
-         * spilled 32-36 bytes. The default build keeps its one loop over both (below): through this lambda, as
-         * two loops, every default dK/dV kernel's SASS changed (session 14), and those are the timed ones */
-        const auto load_cols = [&](float (*dst)[2], const float *v, float out_val) {
-            const float *vp = v + lrow + c0 + tq * 2;
-            if (c0 + BN <= s.q_len) {
-#pragma unroll
-                for (int t = 0; t < BN / 8; t++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) dst[t][c] = __ldg(vp + t * 8 + c);
-            } else {
-#pragma unroll
-                for (int t = 0; t < BN / 8; t++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) dst[t][c] = c0 + t * 8 + tq * 2 + c < s.q_len ? __ldg(vp + t * 8 + c) : out_val;
-            }
-        };
-        load_cols(l2v, p.lse2, AL_POS_INF);
-#else
         {
             const float *l2p = p.lse2 + lrow + c0 + tq * 2, *dsp = p.dsum + lrow + c0 + tq * 2;
             if (c0 + BN <= s.q_len) {
@@ -682,7 +652,6 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                     }
             }
         }
-#endif
         al_wg_wait<0>();
 #else
         al_wg_wait<1>();                             /* S retired; dP may still run */
@@ -693,22 +662,10 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
          * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). Compiled twice: all_in
          * (a b90_flag) says every element of the tile is kept, and that copy has no per-element test. */
         al_u32 pa[BN / 16][4];
-#if B90_LEAN_MOD
-        al_u32 ga[BN / 16][4];                       /* score_grad's factor, packed as P */
-#if AL_SM90_ROLE == 0
-        al_fl_seq sv = s;                            /* the hooks' h: this tile's query head */
-        sv.h = hq;
-#else
-        const al_fl_seq &sv = s;
-#endif
-#endif
         auto p_step = [&](auto all_in) {
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
             float pe[4];
-#if B90_LEAN_MOD
-            float ge[4];
-#endif
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
@@ -726,27 +683,10 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #else
                 const float l2 = lr[e >> 1];
 #endif
-#if B90_LEAN_MOD
-#if AL_SM90_ROLE == 0
-                const int qi = col, kj = orow;
-#else
-                const int qi = orow, kj = col;
-#endif
-                const float raw = sc[t * 4 + e];
-                pe[e] = ok ? al_ex2(al_fl_logit2(sv, raw, p.scale, p.scale_log2, 0.0f, qi, kj) - l2) : 0.0f;
-                ge[e] = ok ? AL_SCORE_MOD_GRAD(1.0f, raw * p.scale, sv.b, sv.h, min(qi, sv.q_len - 1),
-                                               min(kj, sv.kv_len - 1))
-                           : 0.0f;
-#else
                 pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
-#endif
             }
             pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pe[0], pe[1]);
             pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pe[2], pe[3]);
-#if B90_LEAN_MOD
-            ga[t >> 1][(t & 1) * 2 + 0] = al_pack2(ge[0], ge[1]);
-            ga[t >> 1][(t & 1) * 2 + 1] = al_pack2(ge[2], ge[3]);
-#endif
         }
         };
         /* the test-free copy: a tile whose whole box lies inside the lengths and the band (a uniform test), or
@@ -771,9 +711,6 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         b90_ss(dp, a1, t1);
         b90_rs(acc0, pa, t1);
         al_wg_commit();
-#if B90_LEAN_MOD
-        load_cols(ddc, p.dsum, 0.0f);
-#endif
         al_wg_wait<0>();
 #endif
         al_wg_fence_regs_n64(dp);
@@ -800,19 +737,10 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if AL_BF16
                 float p0, p1;
                 b90_unpack2(pa[t >> 1][(t & 1) * 2 + h2], p0, p1);
-#if B90_LEAN_MOD
-                float f0, f1;
-                b90_unpack2(ga[t >> 1][(t & 1) * 2 + h2], f0, f1);
-                p0 *= f0;
-                p1 *= f1;
-#endif
                 da[t >> 1][(t & 1) * 2 + h2] = al_pack2(p0 * (dp[t * 4 + 2 * h2] - d0), p1 * (dp[t * 4 + 2 * h2 + 1] - d1));
 #else
                 const al_u32 g2 = al_pack2(dp[t * 4 + 2 * h2] - d0, dp[t * 4 + 2 * h2 + 1] - d1);
                 da[t >> 1][(t & 1) * 2 + h2] = b90_mul2(pa[t >> 1][(t & 1) * 2 + h2], g2);
-#if B90_LEAN_MOD
-                da[t >> 1][(t & 1) * 2 + h2] = b90_mul2(da[t >> 1][(t & 1) * 2 + h2], ga[t >> 1][(t & 1) * 2 + h2]);
-#endif
 #endif
             }
         al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);

@@ -295,7 +295,6 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
     const al_attn_params *p = &pl->p;
     al_flash_spec spec = sm90_spec(pl);
     spec.kind = AL_FLASH_BWD;
-    spec.lean_mod = spec.variant && al_flash_sm90_bwd_lean_mod();
     const al_flash_sm90_tiles tl = al_flash_sm90_bwd_tiles(&spec);
     const int thd = p->qkv_format == AL_ATTN_FORMAT_THD;
     const long long rows_q = thd ? (long long)pl->in.q->size[0] : (long long)p->sq;

@@ -116,14 +116,6 @@ static inline const char *al_flash_sm90_bwd_file(void) { return "flash_bwd_sm90.
 static inline const char *al_flash_sm90_bwd_function(int role) {
     return role == 1 ? "al_flash_bwd_sm90_dq" : "al_flash_bwd_sm90_dkdv";
 }
-/* ATTNLAB_FLASH_SM90_BWD_LEAN_MOD=1 (opt-in, not yet run on a GPU): variants whose score_mod needs no capture
- * gradient take the backward's plain path with score_grad's factor beside P (kernels/flash_bwd_sm90.cu,
- * AL_SM90_LEAN_MOD). Read on every backward (attn_flash_sm90.cu sets the spec's lean_mod from it, so the two
- * settings are two entries of the variant modules' LRU). */
-static inline int al_flash_sm90_bwd_lean_mod(void) {
-    const char *e = getenv("ATTNLAB_FLASH_SM90_BWD_LEAN_MOD");
-    return e && e[0] == '1' && !e[1];
-}
 static inline int al_flash_sm90_bwd_options(const al_flash_spec *s, int role,
                                             char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN]) {
     al_flash_sm90_tiles t = al_flash_sm90_bwd_tiles(s);
@@ -139,7 +131,6 @@ static inline int al_flash_sm90_bwd_options(const al_flash_spec *s, int role,
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);
     if (s->variant) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BLOCK_MASK=%d", s->block_mask ? 1 : 0);
     if (s->variant && s->block_mask) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_LIST=%d", AL_FLASH_SM90_BWD_BM_LIST);
-    if (s->variant && s->lean_mod) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_LEAN_MOD=1");
     return n;
 }
 /* "bwd-sm90-dkdv d128 bf16 causal-br", "bwd-sm90-dkdvq d128 bf16 nomask",
@@ -150,8 +141,7 @@ static inline void al_flash_sm90_bwd_name(const al_flash_spec *s, int role, char
     int u = snprintf(buf, n, "bwd-sm90-%s d%d %s %s%s", roles[role], s->d, s->bf16 ? "bf16" : "f16",
                      masks[s->mask], s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
     if (s->variant && u > 0 && (size_t)u < n)
-        snprintf(buf + u, n - (size_t)u, " variant %016llx%s%s", s->vhash[0], s->block_mask ? " blockmask" : "",
-                 s->lean_mod ? " lean" : "");
+        snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }
 /* Every shipped (specialisation, role), i in [0, al_flash_sm90_bwd_count()): d 64/128 x bf16/f16 x 5 masks x
  * roles 0 and 1, then role 2 at d = 128 x bf16/f16 x 5 masks */

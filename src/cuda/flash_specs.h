@@ -36,8 +36,6 @@ typedef struct al_flash_spec {
     int variant;
     int block_mask;     /* AL_BLOCK_MASK (variants only) */
     unsigned long long vhash[2];
-    int lean_mod;       /* the Hopper backward of a variant: AL_SM90_LEAN_MOD (flash_sm90_specs.h, opt-in) */
-    int spare;          /* always 0: no padding bytes, since specs are compared with memcmp */
 } al_flash_spec;
 
 /* Tile sizes and launch shape of a specialisation. */

@@ -211,7 +211,7 @@ int main(void) {
     /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
-    enum { MAX_GEN = 16, JOBS_PER_GEN = 8 };
+    enum { MAX_GEN = 16, JOBS_PER_GEN = 6 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
@@ -233,7 +233,7 @@ int main(void) {
 
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
     const int nspec = al_flash_spec_count(),
-              n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 4 * N_BWD_VARIANTS +
+              n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS +
                        JOBS_PER_GEN * ngen;
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
@@ -275,12 +275,9 @@ int main(void) {
         sm90[njobs] = FAM_SM90_BWD_DKDV + role;
         archs[njobs++] = "sm_90a";
     }
-    /* lean = 1: the opt-in plain-path build of a score_mod without a capture gradient (AL_SM90_LEAN_MOD) */
-    for (int lean = 0; lean < 2; lean++)
     for (int i = 0; i < N_BWD_VARIANTS; i++)
         for (int role = 0; role < 2; role++) {
             const bwd_variant *v = &g_bwd_variants[i];
-            if (lean && (!v->score || v->capg)) continue;
             const al_flash_hooks hk = {v->score, v->grad, v->mask, v->capg, NULL, NULL, 0.0};
             al_flash_spec *sp = &specs[njobs];
             memset(sp, 0, sizeof *sp);
@@ -289,7 +286,6 @@ int main(void) {
             sp->bf16 = 1;
             sp->mask = v->mask_kind;
             al_flash_spec_set_variant(sp, &hk, v->block_mask);
-            sp->lean_mod = lean;
             al_flash_sm90_bwd_name(sp, role, nm, sizeof nm);
             if (only && *only && !strstr(nm, only)) continue;
             prefix[njobs] = al_flash_variant_source(&hk, al_flash_sm90_bwd_file());
@@ -298,15 +294,13 @@ int main(void) {
             archs[njobs++] = "sm_90a";
         }
     for (int i = 0; i < ngen; i++) {
-        static const struct { int fam, kind, d, bf16, mask, lean; } J[JOBS_PER_GEN] = {
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 1},   /* the opt-in lean score_mod build */
-            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 1},
-            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE, 0},
-            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE, 0}};
+        static const struct { int fam, kind, d, bf16, mask; } J[JOBS_PER_GEN] = {
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL},
+            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL},
+            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE},
+            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE}};
         for (int k = 0; k < JOBS_PER_GEN; k++) {
             al_flash_spec *sp = &specs[njobs];
             memset(sp, 0, sizeof *sp);
@@ -315,8 +309,6 @@ int main(void) {
             sp->bf16 = J[k].bf16;
             sp->mask = J[k].mask;
             al_flash_spec_set_variant(sp, &gen[i].hk, gen[i].block_mask);
-            sp->lean_mod = J[k].lean;
-            if (sp->lean_mod && (!gen[i].hk.score_mod || gen[i].hk.capture_grad)) continue;   /* lean: no effect */
             job_name(sp, J[k].fam, nm, sizeof nm);
             if (only && *only && !strstr(nm, only)) continue;
             prefix[njobs] = al_flash_variant_source(&gen[i].hk, J[k].fam == FAM_SM90_FWD ? al_flash_sm90_spec_file()
@@ -362,11 +354,7 @@ int main(void) {
                  * their f16 forward with every hook at once (exact f16 tanh, two captures, mask_mod) spills 8 */
                 /* the dK/dV/dQ kernel (role 2) spills 12-16 bytes: three of the S product's loop-invariant
                  * descriptors, stored before the loop and reloaded once per tile (3 LDL per 64-query tile) */
-                /* the opt-in lean score_mod build of the d = 128 dK/dV kernel spills 24 bytes: six loop-invariant
-                 * values stored before the loop, reloaded ahead of the S and dP products (6 LDL per tile) */
-                const int allowed = (generated[j] && !specs[j].bf16) || sm90[j] == FAM_SM90_BWD_DKDV + 2 ? 16
-                                    : specs[j].lean_mod && sm90[j] == FAM_SM90_BWD_DKDV              ? 24
-                                                                                                      : 0;
+                const int allowed = (generated[j] && !specs[j].bf16) || sm90[j] == FAM_SM90_BWD_DKDV + 2 ? 16 : 0;
                 CHECK(r->spill[0] <= allowed, "the Hopper kernel spills %d bytes (registers: %d; allowed %d)", r->spill[0],
                       r->regs[0], allowed);
                 /* C7518: a wgmma under a branch made ptxas serialise all of them (30% of the forward, session 5) */
