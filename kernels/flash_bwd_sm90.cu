@@ -42,7 +42,7 @@
  * owned rows, boxes of R rows: K, V for role 0; Q, dO for role 1) and st0, st1 (the streamed tiles,
  * boxes of BN rows: Q, dO for role 0; K, V for role 1).
  * Shared memory (1024-byte aligned): own0 [D/64][R][64] | own1 | st0 [ST][D/64][BN][64] | st1 |
- * (AL_SM90_DQ_ATOMIC: dS^T [2][R][BN]) | mbarriers |
+ * (AL_SM90_DQ_ATOMIC: dS^T [2][R][BN]) | lse2 / D columns [ST][2][BN] f32 (B90_STAGE_COLS) | mbarriers |
  * (block mask: the tile list, u16 [AL_SM90_BM_LIST], and its count).
  * Check / bench: tests/cuda/flash_sm90_bwd_check.cu (both kernels and the pre pass against naive f32
  * gradients, then each kernel's time over the flash_bench shapes); in the library: luajit bench/flash_bench.lua.
@@ -101,6 +101,7 @@ constexpr int BOXES = D / 64;
 constexpr int OWN_BYTES = R * D * 2;
 constexpr int ST_BYTES = BN * D * 2;
 constexpr int DS_BYTES = AL_SM90_DQ_ATOMIC ? R * BN * 2 : 0;   /* one dS^T buffer [R keys][BN queries] */
+constexpr int COL_BYTES = 2 * BN * 4;         /* one stage's lse2 and D columns (role 0, plain path) */
 constexpr int PRODUCER_REGS = 56;
 constexpr int CONSUMER_REGS = 224;
 static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
@@ -116,6 +117,13 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
 #else
 #define B90_SLICED 0
 #endif
+/* The dK/dV kernel's plain path gets each query tile's lse2 and D columns from shared memory: the producer warp
+ * copies them with cp.async beside the tile's TMA loads (zero-filled past q_len, where P is masked anyway), and
+ * the tile's "full" barrier also waits for those copies (32 more arrivals). The consumers used to load them
+ * from global memory (32 4-byte loads a thread per tile, issued during S): ncu put 17% of the kernel's warp
+ * stall samples on long-scoreboard waits and 5% on LG throttle (causal 4x16x4096x128, session 15). The sliced
+ * variant path loads its own, per slice. */
+#define B90_STAGE_COLS (AL_SM90_ROLE == 0 && !B90_SLICED)
 
 #if AL_HEAD_DIM == 64
 #define AL_WG_RS_D al_wgmma_rs_n64_tb
@@ -319,14 +327,15 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     const al_u32 sO0 = base, sO1 = sO0 + OWN_BYTES;
     const al_u32 sS0 = sO1 + OWN_BYTES, sS1 = sS0 + ST * ST_BYTES;
     const al_u32 sDS = sS1 + ST * ST_BYTES;          /* AL_SM90_DQ_ATOMIC: two dS^T buffers (else none) */
-    const al_u32 sBar = sDS + 2 * DS_BYTES;
+    const al_u32 sCol = sDS + 2 * DS_BYTES;          /* [ST][lse2 | D][BN] f32 (B90_STAGE_COLS; reserved always) */
+    const al_u32 sBar = sCol + ST * COL_BYTES;
     const al_u32 bar_own = sBar;
 #define BAR_F(i) (sBar + 8u * (1 + (i)))
 #define BAR_E(i) (sBar + 8u * (1 + ST + (i)))
     if (tid == 0) {
         al_mbar_init(bar_own, 1);
         for (int i = 0; i < ST; i++) {
-            al_mbar_init(BAR_F(i), 1);
+            al_mbar_init(BAR_F(i), B90_STAGE_COLS ? 1 + 32 : 1);   /* + the producer lanes' cp.async arrivals */
             al_mbar_init(BAR_E(i), 4 * NC);   /* lane 0 of every consumer warp */
         }
         al_mbar_init_fence();
@@ -411,7 +420,25 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                 al_sm90_copy_partial<BN, D>(d1, g1, B90_OP1.st, len - r0, lane);
                 if (lane == 0) al_mbar_arrive(BAR_F(stg));
             }
+#if B90_STAGE_COLS
+            {
+                /* the tile's lse2 and D columns (query rows r0 + c of head hq), two of each per lane */
+                const long long lrow = ((long long)b * p.H + hq) * p.SQ;
+                const al_u32 dc = sCol + stg * COL_BYTES;
+#pragma unroll
+                for (int k = 0; k < BN / 32; k++) {
+                    const int c = lane + 32 * k, in = r0 + c < len;
+                    const long long o = lrow + (in ? r0 + c : 0);
+                    al_cp_async4(dc + c * 4, p.lse2 + o, in ? 4 : 0);
+                    al_cp_async4(dc + (BN + c) * 4, p.dsum + o, in ? 4 : 0);
+                }
+                al_cp_async_mbar_arrive(BAR_F(stg));
+            }
+#endif
         }
+#if B90_STAGE_COLS
+        asm volatile("cp.async.wait_all;\n" ::: "memory");   /* no copy outlives its warp */
+#endif
         return;
     }
 #undef B90_OP0
@@ -625,31 +652,22 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         al_wg_commit();
 #endif
 #if AL_SM90_ROLE == 0
-        /* this thread's lse2 and D columns loaded while S runs, from one base pointer with constant offsets.
-         * Loaded in step 2 instead, each through its own 64-bit address (the SASS re-read the pointer parameter
-         * and rebuilt the address per element: ~300 of the loop's ~810 instructions at d = 128, bf16, session
-         * 11) and right before their use, behind S's wait, they cost the backward 24-27% (session 12). A tile
-         * whose query columns all lie inside the sequence (uniform test) loads them without predicates. */
+        /* this thread's lse2 and D columns, read while S runs from the stage's copy in shared memory
+         * (B90_STAGE_COLS), as 8-byte pairs. Loaded in step 2 instead, each through its own 64-bit address, and
+         * right before their use behind S's wait, they cost the backward 24-27% (session 12); loaded from global
+         * memory here, 17% of the warps' stall samples waited for them (session 15). Columns past q_len hold
+         * zeros: every such element is masked in step 2. */
         float l2v[BN / 8][2], ddc[BN / 8][2];
         {
-            const float *l2p = p.lse2 + lrow + c0 + tq * 2, *dsp = p.dsum + lrow + c0 + tq * 2;
-            if (c0 + BN <= s.q_len) {
+            const float *cs = (const float *)(smem_raw + (sCol + stg * COL_BYTES - al_smem_addr(smem_raw)));
 #pragma unroll
-                for (int t = 0; t < BN / 8; t++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        l2v[t][c] = __ldg(l2p + t * 8 + c);
-                        ddc[t][c] = __ldg(dsp + t * 8 + c);
-                    }
-            } else {
-#pragma unroll
-                for (int t = 0; t < BN / 8; t++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int in = c0 + t * 8 + tq * 2 + c < s.q_len;
-                        l2v[t][c] = in ? __ldg(l2p + t * 8 + c) : AL_POS_INF;
-                        ddc[t][c] = in ? __ldg(dsp + t * 8 + c) : 0.0f;
-                    }
+            for (int t = 0; t < BN / 8; t++) {
+                const float2 lv = *(const float2 *)(cs + t * 8 + tq * 2);
+                const float2 dv = *(const float2 *)(cs + BN + t * 8 + tq * 2);
+                l2v[t][0] = lv.x;
+                l2v[t][1] = lv.y;
+                ddc[t][0] = dv.x;
+                ddc[t][1] = dv.y;
             }
         }
         al_wg_wait<0>();

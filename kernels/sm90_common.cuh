@@ -4,7 +4,8 @@
  *
  *   al_sm90_tmap / al_sm90_tmaps   CUtensorMap as an opaque 128-byte, 64-byte aligned blob (the host
  *                                  encodes it with cuTensorMapEncodeTiled, src/cuda/flash_sm90_tma.h)
- *   mbarriers                      init, arrive, arrive.expect_tx, try_wait.parity (phase bits)
+ *   mbarriers                      init, arrive, arrive.expect_tx, try_wait.parity (phase bits); 4-byte
+ *                                  cp.async with an arrive on its completion (cp.async.mbarrier.arrive)
  *   TMA                            cp.async.bulk.tensor.4d global -> shared, completing on an mbarrier
  *   wgmma                          fence / commit_group / wait_group, smem matrix descriptors (128-byte
  *                                  swizzle), m64nNk16 f32-accumulating wrappers for N = 64, 128, 256:
@@ -57,6 +58,15 @@ AL_DEV void al_mbar_arrive(al_u32 bar) {
 AL_DEV void al_mbar_arrive_tx(al_u32 bar, al_u32 bytes) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
                  : "memory");
+}
+/* 4 bytes global -> shared with cp.async (bytes = 4, or 0: the word is zero-filled and src not read), and the
+ * arrive that the barrier receives once all of this thread's earlier cp.async copies have landed (.noinc: the
+ * barrier's expected count must include it) */
+AL_DEV void al_cp_async4(al_u32 dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+AL_DEV void al_cp_async_mbar_arrive(al_u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 /* 1 when the phase of parity `parity` has completed. A fresh barrier is in phase 0, and waiting for
  * parity 1 (the phase "before" it) returns at once: producers start waiting on empty slots with 1. */

@@ -104,6 +104,7 @@ static inline al_flash_sm90_tiles al_flash_sm90_bwd_tiles(const al_flash_spec *s
     t.stages = s->d == 64 ? 3 : 2;
     t.threads = 128 * (1 + t.consumers);
     t.smem = 2 * t.bm * s->d * 2 + 2 * t.stages * t.bn * s->d * 2 + 1024 + 1024;
+    t.smem += t.stages * 2 * t.bn * 4;   /* each stage's lse2 and D columns (f32; the dK/dV kernel's plain path) */
     if (s->variant && s->block_mask) t.smem += 2 * AL_FLASH_SM90_BWD_BM_LIST + 16;   /* the non-empty tile list */
     return t;
 }
