@@ -122,7 +122,8 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
  * the tile's "full" barrier also waits for those copies (32 more arrivals). The consumers used to load them
  * from global memory (32 4-byte loads a thread per tile, issued during S): ncu put 17% of the kernel's warp
  * stall samples on long-scoreboard waits and 5% on LG throttle (causal 4x16x4096x128, session 15). The sliced
- * variant path loads its own, per slice. */
+ * variant path loads its own, per slice (read from this copy there, ALiBi's d = 128 dK/dV kernel spilled 32 bytes
+ * and two soft-capping ones 8, session 15). */
 #define B90_STAGE_COLS (AL_SM90_ROLE == 0 && !B90_SLICED)
 
 #if AL_HEAD_DIM == 64
