@@ -26,6 +26,10 @@ typedef struct cfg {
     int b, h, hg, sq, skv, d;
     int bias;               /* post_scale_bias [1, h, sq, skv] */
     const int *cu;          /* thd: cu_seqlens [b + 1] (q and kv alike) */
+    int32_t grad_dtype;     /* dq / dk / dv's dtype (0: the inputs'): f32 sends the flash backward's gradient
+                             * stores down their element-wise path (the row-block and pair paths need the
+                             * kernel's 16-bit dtype) */
+    const char *only;       /* NULL, or the one GPU backend the case runs on */
 } cfg;
 
 static int32_t g_dev = AL_DEVICE_CUDA;   /* the second side's device (AL_DEVICE_CPU: harness self-check) */
@@ -132,9 +136,10 @@ static void run_case(const cfg *c, const char *backend) {
             memset(&dbc, 0, sizeof dbc);
             memset(&dbg, 0, sizeof dbg);
             const al_tensor *like[3] = {&qc, &kc, &vc};
+            const int32_t gdt = c->grad_dtype ? c->grad_dtype : dt;
             for (int i = 0; i < 3; i++) {
-                CHECK_OK(al_tensor_empty(&g[i][0], like[i]->ndim, like[i]->size, dt, AL_DEVICE_CPU, 0));
-                CHECK_OK(al_tensor_empty(&g[i][1], like[i]->ndim, like[i]->size, dt, g_dev, 0));
+                CHECK_OK(al_tensor_empty(&g[i][0], like[i]->ndim, like[i]->size, gdt, AL_DEVICE_CPU, 0));
+                CHECK_OK(al_tensor_empty(&g[i][1], like[i]->ndim, like[i]->size, gdt, g_dev, 0));
             }
             snprintf(p.backend, sizeof p.backend, "cpu");
             CHECK_OK(al_attn_backward(&p, &ic, &oc, &doc, &lc, &g[0][0], &g[1][0], &g[2][0], c->bias ? &dbc : NULL, NULL));
@@ -164,14 +169,18 @@ static void run_case(const cfg *c, const char *backend) {
 static const int CU3[4] = {0, 40, 41, 140};   /* thd: lengths 40, 1, 99 */
 
 static const cfg CASES[] = {
-    {"bshd causal GQA d64 bf16", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_CAUSAL, AL_DTYPE_BF16, 2, 4, 2, 77, 77, 64, 0, NULL},
-    {"sbhd no_mask d128 f16", AL_ATTN_FORMAT_SBHD, AL_ATTN_MASK_NO_MASK, AL_DTYPE_F16, 2, 2, 2, 130, 130, 128, 0, NULL},
+    {"bshd causal GQA d64 bf16", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_CAUSAL, AL_DTYPE_BF16, 2, 4, 2, 77, 77, 64, 0, NULL, 0, NULL},
+    {"sbhd no_mask d128 f16", AL_ATTN_FORMAT_SBHD, AL_ATTN_MASK_NO_MASK, AL_DTYPE_F16, 2, 2, 2, 130, 130, 128, 0, NULL, 0, NULL},
     {"bshd cross causal_bottom_right d128 bf16", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, AL_DTYPE_BF16,
-     1, 4, 1, 50, 190, 128, 0, NULL},
+     1, 4, 1, 50, 190, 128, 0, NULL, 0, NULL},
     {"bshd post_scale_bias no_mask d64 bf16", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_NO_MASK, AL_DTYPE_BF16, 2, 2, 2, 64, 96, 64,
-     1, NULL},
+     1, NULL, 0, NULL},
     {"thd padding_causal d64 bf16", AL_ATTN_FORMAT_THD, AL_ATTN_MASK_PADDING_CAUSAL, AL_DTYPE_BF16, 3, 4, 2, 99, 99, 64, 0,
-     CU3},
+     CU3, 0, NULL},
+    {"bshd causal GQA d128 bf16, f32 gradients", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_CAUSAL, AL_DTYPE_BF16, 2, 4, 2, 200, 200,
+     128, 0, NULL, AL_DTYPE_F32, "flash"},
+    {"thd padding_causal d64 f16, f32 gradients", AL_ATTN_FORMAT_THD, AL_ATTN_MASK_PADDING_CAUSAL, AL_DTYPE_F16, 3, 4, 2, 99,
+     99, 64, 0, CU3, AL_DTYPE_F32, "flash"},
 };
 
 int main(void) {
@@ -185,13 +194,16 @@ int main(void) {
             if (t_current_failed) t_failed++;
             else t_passed++;
         }
+        int gpu_runs = 0;
+        for (size_t c = 0; c < ncases; c++) gpu_runs += CASES[c].only ? 1 : 3;
         printf("c-test gpu_backends: %d passed, %d failed, %d skipped (no GPU: the harness ran cpu against cpu)\n",
-               t_passed, t_failed, (int)ncases * 3);
+               t_passed, t_failed, gpu_runs);
         return t_failed ? 1 : 0;
     }
     static const char *backends[] = {"unfused", "fused", "flash"};
     for (size_t c = 0; c < ncases; c++)
         for (int b = 0; b < 3; b++) {
+            if (CASES[c].only && strcmp(CASES[c].only, backends[b]) != 0) continue;
             t_current_failed = 0;
             run_case(&CASES[c], backends[b]);
             if (t_current_failed) t_failed++;
