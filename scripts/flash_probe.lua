@@ -8,7 +8,9 @@
 --   ncu --clock-control none --kernel-name regex:"al_flash_bwd" --launch-skip 3 --launch-count 3 \
 --       --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\
 --   lts__t_sector_hit_rate.pct,dram__bytes_read.sum,smsp__inst_executed.sum luajit scripts/flash_probe.lua
--- (add --section WarpStateStats --section SchedulerStats for where the warps wait). Without a GPU it says so and
+-- (add --section WarpStateStats --section SchedulerStats for where the warps wait; per SASS instruction:
+-- --section SourceCounters -o REPORT, then `ncu -i REPORT.ncu-rep --page source --csv --print-source sass > s.csv`
+-- and `python3 scripts/ncu_stalls.py s.csv`, session 15). Without a GPU it says so and
 -- exits 0; a malformed argument is an error naming it (exit 2).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
