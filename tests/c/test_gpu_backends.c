@@ -30,6 +30,8 @@ typedef struct cfg {
                              * stores down their element-wise path (the row-block and pair paths need the
                              * kernel's 16-bit dtype) */
     const char *only;       /* NULL, or the one GPU backend the case runs on */
+    int grad_pad;           /* > 0: the device's dq / dk / dv are views of rows d + grad_pad long (2: rows 4- but
+                             * not 16-byte aligned, the flash backward's column-pair stores) */
 } cfg;
 
 static int32_t g_dev = AL_DEVICE_CUDA;   /* the second side's device (AL_DEVICE_CPU: harness self-check) */
@@ -139,7 +141,17 @@ static void run_case(const cfg *c, const char *backend) {
             const int32_t gdt = c->grad_dtype ? c->grad_dtype : dt;
             for (int i = 0; i < 3; i++) {
                 CHECK_OK(al_tensor_empty(&g[i][0], like[i]->ndim, like[i]->size, gdt, AL_DEVICE_CPU, 0));
-                CHECK_OK(al_tensor_empty(&g[i][1], like[i]->ndim, like[i]->size, gdt, g_dev, 0));
+                if (c->grad_pad > 0) {
+                    int64_t wide[4];
+                    memcpy(wide, like[i]->size, sizeof wide);
+                    wide[like[i]->ndim - 1] += c->grad_pad;
+                    al_tensor big;
+                    CHECK_OK(al_tensor_empty(&big, like[i]->ndim, wide, gdt, g_dev, 0));
+                    CHECK_OK(al_tensor_narrow(&g[i][1], &big, like[i]->ndim - 1, 0, like[i]->size[like[i]->ndim - 1]));
+                    al_tensor_release(&big);   /* the view keeps the storage */
+                } else {
+                    CHECK_OK(al_tensor_empty(&g[i][1], like[i]->ndim, like[i]->size, gdt, g_dev, 0));
+                }
             }
             snprintf(p.backend, sizeof p.backend, "cpu");
             CHECK_OK(al_attn_backward(&p, &ic, &oc, &doc, &lc, &g[0][0], &g[1][0], &g[2][0], c->bias ? &dbc : NULL, NULL));
@@ -169,18 +181,20 @@ static void run_case(const cfg *c, const char *backend) {
 static const int CU3[4] = {0, 40, 41, 140};   /* thd: lengths 40, 1, 99 */
 
 static const cfg CASES[] = {
-    {"bshd causal GQA d64 bf16", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_CAUSAL, AL_DTYPE_BF16, 2, 4, 2, 77, 77, 64, 0, NULL, 0, NULL},
-    {"sbhd no_mask d128 f16", AL_ATTN_FORMAT_SBHD, AL_ATTN_MASK_NO_MASK, AL_DTYPE_F16, 2, 2, 2, 130, 130, 128, 0, NULL, 0, NULL},
+    {"bshd causal GQA d64 bf16", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_CAUSAL, AL_DTYPE_BF16, 2, 4, 2, 77, 77, 64, 0, NULL, 0, NULL, 0},
+    {"sbhd no_mask d128 f16", AL_ATTN_FORMAT_SBHD, AL_ATTN_MASK_NO_MASK, AL_DTYPE_F16, 2, 2, 2, 130, 130, 128, 0, NULL, 0, NULL, 0},
     {"bshd cross causal_bottom_right d128 bf16", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, AL_DTYPE_BF16,
-     1, 4, 1, 50, 190, 128, 0, NULL, 0, NULL},
+     1, 4, 1, 50, 190, 128, 0, NULL, 0, NULL, 0},
     {"bshd post_scale_bias no_mask d64 bf16", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_NO_MASK, AL_DTYPE_BF16, 2, 2, 2, 64, 96, 64,
-     1, NULL, 0, NULL},
+     1, NULL, 0, NULL, 0},
     {"thd padding_causal d64 bf16", AL_ATTN_FORMAT_THD, AL_ATTN_MASK_PADDING_CAUSAL, AL_DTYPE_BF16, 3, 4, 2, 99, 99, 64, 0,
-     CU3, 0, NULL},
+     CU3, 0, NULL, 0},
     {"bshd causal GQA d128 bf16, f32 gradients", AL_ATTN_FORMAT_BSHD, AL_ATTN_MASK_CAUSAL, AL_DTYPE_BF16, 2, 4, 2, 200, 200,
-     128, 0, NULL, AL_DTYPE_F32, "flash"},
+     128, 0, NULL, AL_DTYPE_F32, "flash", 0},
     {"thd padding_causal d64 f16, f32 gradients", AL_ATTN_FORMAT_THD, AL_ATTN_MASK_PADDING_CAUSAL, AL_DTYPE_F16, 3, 4, 2, 99,
-     99, 64, 0, CU3, AL_DTYPE_F32, "flash"},
+     99, 64, 0, CU3, AL_DTYPE_F32, "flash", 0},
+    {"sbhd no_mask d128 bf16, gradient rows 4-byte aligned", AL_ATTN_FORMAT_SBHD, AL_ATTN_MASK_NO_MASK, AL_DTYPE_BF16, 2, 4,
+     4, 150, 150, 128, 0, NULL, 0, "flash", 2},
 };
 
 int main(void) {
