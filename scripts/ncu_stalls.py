@@ -33,6 +33,11 @@ def number(text):
         return 0.0
 
 
+def cell(row, i):
+    """column i of an instruction row as a number (0 where the column or the row's cell is missing)"""
+    return number(row[i]) if i is not None and len(row) > i else 0.0
+
+
 def opcode(sass):
     """the mnemonic of a SASS line: '@!P0 BRA 0x..' -> 'BRA', 'WARPGROUP.DEPBAR.LE gsb0' -> 'WARPGROUP'"""
     words = sass.split()
@@ -65,19 +70,19 @@ def report(name, header, body, top):
     ia, isrc, iall = header.index("Address"), header.index("Source"), header.index(ALL)
     ini = header.index(NOT_ISSUED) if NOT_ISSUED in header else None
     rows = [r for r in body if len(r) > max(ia, isrc, iall)]
-    total = sum(number(r[iall]) for r in rows)
-    total_ni = sum(number(r[ini]) for r in rows if ini is not None and len(r) > ini) if ini is not None else 0.0
+    total = sum(cell(r, iall) for r in rows)
+    total_ni = sum(cell(r, ini) for r in rows)
     print("%s: %d stall samples over %d instructions" % (name, int(total), len(rows)))
     if total <= 0:
         return
     print("  %6s %6s  %-18s %s" % ("all %", "n-i %", "address", "SASS"))
-    for r in sorted(rows, key=lambda r: -number(r[iall]))[:top]:
-        ni = 100.0 * number(r[ini]) / total_ni if ini is not None and total_ni > 0 and len(r) > ini else 0.0
-        print("  %6.1f %6.1f  %-18s %s" % (100.0 * number(r[iall]) / total, ni, r[ia], " ".join(r[isrc].split())))
+    for r in sorted(rows, key=lambda r: -cell(r, iall))[:top]:
+        ni = 100.0 * cell(r, ini) / total_ni if total_ni > 0 else 0.0
+        print("  %6.1f %6.1f  %-18s %s" % (100.0 * cell(r, iall) / total, ni, r[ia], " ".join(r[isrc].split())))
     by_op = {}
     for r in rows:
         op = opcode(r[isrc])
-        by_op[op] = by_op.get(op, 0.0) + number(r[iall])
+        by_op[op] = by_op.get(op, 0.0) + cell(r, iall)
     ranked = sorted(by_op.items(), key=lambda kv: -kv[1])[:top]
     print("  by opcode: " + ", ".join("%s %.1f%%" % (op or "?", 100.0 * v / total) for op, v in ranked))
 
