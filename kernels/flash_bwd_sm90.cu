@@ -19,7 +19,8 @@
  *                   into an f32 accumulator itself, FA3's five GEMMs, and the dQ kernel is not launched.
  *
  * Specialisations (-D): AL_HEAD_DIM 64 | 128, AL_BF16, AL_MASK_KIND, AL_BOTTOM_RIGHT, AL_SM90_ROLE,
- * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS. Not here: d = 256, ALiBi.
+ * AL_SM90_BN (stream rows per tile, 64), AL_SM90_STAGES, AL_SM90_CONSUMERS, AL_SM90_PERSIST (the default
+ * kernels: one CTA per SM walking the work items, below). Not here: d = 256, ALiBi.
  * The P step (step 2 of the loop) is lean since session 12 (+24-27% at d = 128; it was the switch
  * AL_SM90_BWD_LEANP, docs/FLASH.md "Reading the SASS"): the dK/dV kernel's lse2 / D columns loaded during
  * the S batch, in both kernels a copy of the step without per-element tests for tiles wholly inside the
@@ -41,9 +42,11 @@
  * Kernel arguments: the al_flash_params and four TMA maps (src/cuda/flash_sm90_tma.h): own0, own1 (the
  * owned rows, boxes of R rows: K, V for role 0; Q, dO for role 1) and st0, st1 (the streamed tiles,
  * boxes of BN rows: Q, dO for role 0; K, V for role 1).
- * Shared memory (1024-byte aligned): own0 [D/64][R][64] | own1 | st0 [ST][D/64][BN][64] | st1 |
- * (AL_SM90_DQ_ATOMIC: dS^T [2][R][BN]) | lse2 / D columns [ST][2][BN] f32 (B90_STAGE_COLS) | mbarriers |
- * (block mask: the tile list, u16 [AL_SM90_BM_LIST], and its count).
+ * Shared memory (1024-byte aligned): [OWN_BUFS: 2 persistent, else 1] (own0 [D/64][R][64] | own1) |
+ * st0 [ST][D/64][BN][64] | st1 | (AL_SM90_DQ_ATOMIC: dS^T [2][R][BN]) | lse2 / D columns [ST][2][BN] f32
+ * (B90_STAGE_COLS) | mbarriers (own full / empty [2], stage full / empty [ST]) and the persistent work items
+ * [2] | (block mask: the tile list, u16 [AL_SM90_BM_LIST], and its count). The epilogue stages each
+ * warpgroup's gradient rows in its own rows of the item's own buffer (b90_frag_to_own).
  * Check / bench: tests/cuda/flash_sm90_bwd_check.cu (both kernels and the pre pass against naive f32
  * gradients, then each kernel's time over the flash_bench shapes); in the library: luajit bench/flash_bench.lua.
  * Status: the default backward on sm_90 (ATTNLAB_FLASH_SM90_BWD=0 switches it off). Variants: compiled
@@ -86,6 +89,19 @@
 #if AL_SM90_DQ_ATOMIC && (AL_SM90_ROLE != 0 || AL_VARIANT || AL_HEAD_DIM != 128 || AL_SM90_CONSUMERS != 2)
 #error "AL_SM90_DQ_ATOMIC: the dK/dV kernel (role 0) at d = 128 with two consumers, no variant"
 #endif
+/* AL_SM90_PERSIST 1: a persistent kernel (the host launches one CTA per SM) walking the grid's work items in the
+ * launch order, the next item taken from the counter p.sched_ctr[role] (zeroed by the host before the launch):
+ * the own rows are double-buffered, so the producer loads the next item's K/V (Q/dO) and streams its first tiles
+ * while the consumers finish the current one and write its gradients, which go out through the item's own buffer
+ * (each warpgroup through its own rows). A CTA a work item paid its prologue (the owned rows' loads before the
+ * first product) and its epilogue (the gradient stores) on an idle tensor pipe: ~8% of the causal backward's
+ * time at 4x16x4096 (session 15). Not with a block mask (its tile list is built per CTA) or the dQ atomics. */
+#ifndef AL_SM90_PERSIST
+#define AL_SM90_PERSIST 0
+#endif
+#if AL_SM90_PERSIST && (AL_BLOCK_MASK || AL_SM90_DQ_ATOMIC)
+#error "AL_SM90_PERSIST: not with a block mask or AL_SM90_DQ_ATOMIC"
+#endif
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on stream tiles per CTA)"
 #endif
@@ -102,6 +118,7 @@ constexpr int OWN_BYTES = R * D * 2;
 constexpr int ST_BYTES = BN * D * 2;
 constexpr int DS_BYTES = AL_SM90_DQ_ATOMIC ? R * BN * 2 : 0;   /* one dS^T buffer [R keys][BN queries] */
 constexpr int COL_BYTES = 2 * BN * 4;         /* one stage's lse2 and D columns (role 0, plain path) */
+constexpr int OWN_BUFS = AL_SM90_PERSIST ? 2 : 1;   /* own row buffers (own0 | own1 each) */
 constexpr int PRODUCER_REGS = 56;
 constexpr int CONSUMER_REGS = 224;
 static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
@@ -156,15 +173,19 @@ AL_DEV al_u32 b90_mul2(al_u32 a, al_u32 b) {
 /* The epilogue's row-block path (b90_vec_ok): the gradient's 16-bit rows go through shared memory so that the
  * global stores are 16-byte chunks, a warp writing whole rows, instead of 4-byte column pairs scattered over 8 rows
  * per warp instruction (the pair stores were 5% of the dK/dV kernel's stall samples, mostly LG throttle, session
- * 15). buf holds [R][D] 16-bit values, 16-byte chunk ch of row r at chunk ch ^ (r & 7) (the fragment writes of
- * 8 rows x 4 columns pairs hit 32 distinct banks). */
+ * 15). The rows are staged in an own buffer in its TMA layout ([D / 64][R][64] 16-bit values): 16-byte chunk ch of
+ * row r at box ch / 8, chunk (ch % 8) ^ (r & 7) of the row's 128 bytes (the fragment writes of 8 rows x 4 column
+ * pairs hit 32 distinct banks). */
 AL_DEV int b90_vec_ok(const al_flash_op &op) {
     return op.dtype == (AL_BF16 ? AL_FLASH_DT_BF16 : AL_FLASH_DT_F16) && op.sc == 1 &&
            (reinterpret_cast<unsigned long long>(op.ptr) & 15ull) == 0 && (op.sb & 7) == 0 && (op.st & 7) == 0 &&
            (op.sh & 7) == 0;
 }
+AL_DEV al_u32 b90_own_chunk(al_u32 buf, int row, int ch) {
+    return buf + (ch >> 3) * (b90::R * 128) + row * 128 + (((ch & 7) ^ (row & 7)) << 4);
+}
 /* a warpgroup's accumulator (rows rl, rl + 8 of the CTA's R) times mul into buf; rows with keep[r] == 0 get zeros */
-AL_DEV void b90_frag_to_smem(al_u32 buf, const float *acc, float mul, int rl, int tq, const int *keep) {
+AL_DEV void b90_frag_to_own(al_u32 buf, const float *acc, float mul, int rl, int tq, const int *keep) {
     using namespace b90;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -172,24 +193,23 @@ AL_DEV void b90_frag_to_smem(al_u32 buf, const float *acc, float mul, int rl, in
 #pragma unroll
         for (int t = 0; t < D / 8; t++) {
             const al_u32 v = al_pack2(keep[r] ? acc[t * 4 + 2 * r] * mul : 0.0f, keep[r] ? acc[t * 4 + 2 * r + 1] * mul : 0.0f);
-            const al_u32 a = buf + row * (D * 2) + ((t ^ (row & 7)) << 4) + tq * 4;
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(b90_own_chunk(buf, row, t) + tq * 4), "r"(v) : "memory");
         }
     }
 }
-/* buf's rows r (0..R-1) with ok_row(r) to the gradient op at row offset row_off(r) (elements), 16 bytes a thread
- * per step over the nt threads numbered ct */
+/* buf's rows [r0, r0 + 64) with ok_row(r) to the gradient op at row offset row_off(r) (elements), 16 bytes a
+ * thread per step over a warpgroup's threads ct = 0..127 */
 template <typename RowOk, typename RowOff>
-AL_DEV void b90_smem_to_global(al_u32 buf, const al_flash_op &op, int ct, int nt, RowOk ok_row, RowOff row_off) {
+AL_DEV void b90_own_to_global(al_u32 buf, const al_flash_op &op, int ct, int r0, RowOk ok_row, RowOff row_off) {
     using namespace b90;
     constexpr int CPR = D / 8;                   /* 16-byte chunks per row */
-    for (int c = ct; c < R * CPR; c += nt) {
-        const int row = c / CPR, ch = c % CPR;
+    for (int c = ct; c < 64 * CPR; c += 128) {
+        const int row = r0 + c / CPR, ch = c % CPR;
         if (!ok_row(row)) continue;
         uint4 v;
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(buf + row * (D * 2) + ((ch ^ (row & 7)) << 4))
+                     : "r"(b90_own_chunk(buf, row, ch))
                      : "memory");
         *(uint4 *)((al_u16 *)op.ptr + row_off(row) + ch * 8) = v;
     }
@@ -323,60 +343,95 @@ AL_DEV int b90_box_inside(const al_fl_seq &s, int q_lo, int q_hi, int k_lo, int 
 #define B90_NAME al_flash_bwd_sm90_dq
 #endif
 
+/* One work item: owned row block bx of head hy (role 0: a kv head, role 1: a q head) of batch b, and the
+ * stream tiles the mask lets it see (role 0: nstream = ntile query tiles x the GQA group; role 1: key tiles) */
+struct b90_work {
+    int b, hk, h;                    /* batch; kv head; q head (role 0: the group's first) */
+    int own0, t_lo, ntile, nstream;  /* first owned row; first stream tile; tiles per q head; tiles in all */
+    long long q_start, kv_start;     /* thd: the sequence's first token */
+    al_fl_seq s;
+};
+AL_DEV b90_work b90_work_make(const al_flash_params &p, int bx, int hy, int b) {
+    using namespace b90;
+    b90_work w;
+    const int group = p.H / p.HG;
+    w.b = b;
+    w.q_start = p.q_start ? p.q_start[b] : 0;
+    w.kv_start = p.kv_start ? p.kv_start[b] : 0;
+    w.own0 = bx * R;
+#if AL_SM90_ROLE == 0
+    w.hk = hy;                                       /* the stream visits its q heads */
+    w.h = hy * group;
+    w.s = al_fl_seq_make(p, b, w.h);
+    /* queries that can see keys [own0, own_last] (the band's rule solved for i) */
+    const int own_last = min(w.own0 + R, w.s.kv_len) - 1;
+    int i_lo = 0, i_hi = w.own0 < w.s.kv_len ? w.s.q_len : 0;
+#if AL_MASK_KIND != 0
+    if (w.s.wr >= 0) i_lo = max(0, w.own0 - w.s.diag - w.s.wr);
+    if (w.s.wl >= 0) i_hi = min(i_hi, own_last - w.s.diag + w.s.wl + 1);
+#endif
+    w.t_lo = i_lo / BN;
+    w.ntile = i_hi > i_lo ? (i_hi + BN - 1) / BN - w.t_lo : 0;
+    w.nstream = w.ntile * group;                     /* (q head in group, query tile) pairs; block mask: listed */
+#else
+    w.h = hy;
+    w.hk = hy / group;
+    w.s = al_fl_seq_make(p, b, w.h);
+    const int own_last = min(w.own0 + R, w.s.q_len) - 1;
+    int n_lo = 0, n_hi = w.own0 < w.s.q_len ? w.s.kv_len : 0;
+#if AL_MASK_KIND != 0
+    if (w.s.wl >= 0) n_lo = max(0, w.own0 + w.s.diag - w.s.wl);
+    if (w.s.wr >= 0) n_hi = min(n_hi, own_last + w.s.diag + w.s.wr + 1);
+#endif
+    w.t_lo = n_lo / BN;
+    w.nstream = n_hi > n_lo ? (n_hi + BN - 1) / BN - w.t_lo : 0;   /* key tiles; block mask: listed */
+    w.ntile = w.nstream;
+#endif
+    return w;
+}
+
 extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     B90_NAME(const __grid_constant__ al_flash_params p, const __grid_constant__ al_sm90_bwd_tmaps tm) {
     using namespace b90;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
+    const int group = p.H / p.HG;
+#if AL_SM90_PERSIST
+    /* the work list: every (row block, head, batch) in the launch order of p.sched_hb, handed out one item at a
+     * time by the counter p.sched_ctr[role] (a CTA takes the next when it starts one) */
+    const int nx = ((AL_SM90_ROLE == 0 ? p.SKV : p.SQ) + R - 1) / R, ny = AL_SM90_ROLE == 0 ? p.HG : p.H;
+    const int nwork = nx * ny * p.B;
+    b90_work w;
+#else
     /* causal: the longest blocks first (the dK/dV kernel's first key blocks see the most queries, the dQ
      * kernel's last query blocks the most keys), across heads in L2-sized sections (al_fl_cta_coords) */
-    int bx, hy, b;
-    al_fl_cta_coords(B90_SCHED ? p.sched_hb : 0, AL_SM90_ROLE == 1, bx, hy, b);
-    const int group = p.H / p.HG;
-    const long long q_start = p.q_start ? p.q_start[b] : 0;
-    const long long kv_start = p.kv_start ? p.kv_start[b] : 0;
-#if AL_SM90_ROLE == 0
-    const int hk = hy;                               /* kv head; the stream visits its q heads */
-    const al_fl_seq s = al_fl_seq_make(p, b, hk * group);
-    const int own0 = bx * R;                         /* first owned key row */
-    if (own0 >= p.SKV) return;
-    /* queries that can see keys [own0, own_last] (the band's rule solved for i) */
-    const int own_last = min(own0 + R, s.kv_len) - 1;
-    int i_lo = 0, i_hi = own0 < s.kv_len ? s.q_len : 0;
-#if AL_MASK_KIND != 0
-    if (s.wr >= 0) i_lo = max(0, own0 - s.diag - s.wr);
-    if (s.wl >= 0) i_hi = min(i_hi, own_last - s.diag + s.wl + 1);
-#endif
-    const int t_lo = i_lo / BN;
-    const int ntile = i_hi > i_lo ? (i_hi + BN - 1) / BN - t_lo : 0;
-    int nstream = ntile * group;                     /* (q head in group, query tile) pairs; block mask: listed */
-#else
-    const int h = hy, hk = h / group;
-    const al_fl_seq s = al_fl_seq_make(p, b, h);
-    const int own0 = bx * R;                         /* first owned query row */
-    if (own0 >= p.SQ) return;
-    const int own_last = min(own0 + R, s.q_len) - 1;
-    int n_lo = 0, n_hi = own0 < s.q_len ? s.kv_len : 0;
-#if AL_MASK_KIND != 0
-    if (s.wl >= 0) n_lo = max(0, own0 + s.diag - s.wl);
-    if (s.wr >= 0) n_hi = min(n_hi, own_last + s.diag + s.wr + 1);
-#endif
-    const int t_lo = n_lo / BN;
-    int nstream = n_hi > n_lo ? (n_hi + BN - 1) / BN - t_lo : 0;   /* key tiles; block mask: listed */
+    int bx, hy, bz;
+    al_fl_cta_coords(B90_SCHED ? p.sched_hb : 0, AL_SM90_ROLE == 1, bx, hy, bz);
+    b90_work w = b90_work_make(p, bx, hy, bz);
 #endif
 
     const al_u32 base = (al_smem_addr(smem_raw) + 1023u) & ~1023u;
-    const al_u32 sO0 = base, sO1 = sO0 + OWN_BYTES;
-    const al_u32 sS0 = sO1 + OWN_BYTES, sS1 = sS0 + ST * ST_BYTES;
+    const al_u32 sOwn = base;                       /* [OWN_BUFS][own0 | own1] */
+#define SO0(ob) (sOwn + (al_u32)(ob) * (2 * OWN_BYTES))
+#define SO1(ob) (SO0(ob) + OWN_BYTES)
+    const al_u32 sS0 = sOwn + OWN_BUFS * 2 * OWN_BYTES, sS1 = sS0 + ST * ST_BYTES;
     const al_u32 sDS = sS1 + ST * ST_BYTES;          /* AL_SM90_DQ_ATOMIC: two dS^T buffers (else none) */
     const al_u32 sCol = sDS + 2 * DS_BYTES;          /* [ST][lse2 | D][BN] f32 (B90_STAGE_COLS; reserved always) */
     const al_u32 sBar = sCol + ST * COL_BYTES;
-    const al_u32 bar_own = sBar;
-#define BAR_F(i) (sBar + 8u * (1 + (i)))
-#define BAR_E(i) (sBar + 8u * (1 + ST + (i)))
+    /* own buffer k: loaded (OWN_F: the producer's arrival, with the TMA bytes) and, persistent, free again
+     * (OWN_E: lane 0 of every consumer warp, after the item's epilogue); stream stage i: full and empty */
+#define OWN_F(k) (sBar + 8u * (k))
+#define OWN_E(k) (sBar + 8u * (2 + (k)))
+#define BAR_F(i) (sBar + 8u * (4 + (i)))
+#define BAR_E(i) (sBar + 8u * (4 + ST + (i)))
+    volatile int *s_item = (volatile int *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (4 + 2 * ST));
+    (void)s_item;
     if (tid == 0) {
-        al_mbar_init(bar_own, 1);
+        for (int k = 0; k < OWN_BUFS; k++) {
+            al_mbar_init(OWN_F(k), 1);
+            al_mbar_init(OWN_E(k), 4 * NC);
+        }
         for (int i = 0; i < ST; i++) {
             al_mbar_init(BAR_F(i), B90_STAGE_COLS ? 1 + 32 : 1);   /* + the producer lanes' cp.async arrivals */
             al_mbar_init(BAR_E(i), 4 * NC);   /* lane 0 of every consumer warp */
@@ -388,19 +443,26 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
      * also keeps nstream <= AL_SM90_BM_LIST): warp 0 compacts the mask's column (role 0: key block own0
      * against every (query head, query tile)) or row (role 1: query block own0 against every key tile),
      * 32 tiles per ballot */
-    unsigned short *bm_list = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (1 + 2 * ST));
+    unsigned short *bm_list = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (5 + 2 * ST));
     int *bm_count = (int *)(bm_list + AL_SM90_BM_LIST);
-    if (tid < 32)
-#if AL_SM90_ROLE == 0
+    if (tid < 32) {
         /* (scalars captured by value: by reference, two extra integer multiplies stayed in the kernel) */
-        al_sm90_list_tiles(bm_list, bm_count, nstream, tid, [&p, b, hk, group, ntile, t_lo, own0](int j) {
+        const int b = w.b, hk = w.hk, h = w.h, ntile = w.ntile, t_lo = w.t_lo, own0 = w.own0;
+        (void)hk;
+        (void)h;
+        (void)ntile;
+#if AL_SM90_ROLE == 0
+        al_sm90_list_tiles(bm_list, bm_count, w.nstream, tid, [&p, b, hk, group, ntile, t_lo, own0](int j) {
             return al_fl_block(p, b, hk * group + j / ntile, (t_lo + j % ntile) * BN, own0);
         });
 #else
-        al_sm90_list_tiles(bm_list, bm_count, nstream, tid, [&](int j) { return al_fl_block(p, b, h, own0, (t_lo + j) * BN); });
+        al_sm90_list_tiles(bm_list, bm_count, w.nstream, tid, [&p, b, h, t_lo, own0](int j) {
+            return al_fl_block(p, b, h, own0, (t_lo + j) * BN);
+        });
 #endif
+    }
     __syncthreads();
-    nstream = *bm_count;
+    w.nstream = *bm_count;
 #else
     __syncthreads();
 #endif
@@ -409,74 +471,110 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         /* ---------------- producer: one warp ---------------- */
         al_reg_dealloc<PRODUCER_REGS>();
         const int warp = tid >> 5, lane = tid & 31;
-        if (warp != 0 || nstream == 0) return;   /* nothing to stream: the consumers write zeros */
+        if (warp != 0) return;
         if (lane == 0) {
             al_tma_prefetch(&tm.own0);
             al_tma_prefetch(&tm.own1);
             al_tma_prefetch(&tm.st0);
             al_tma_prefetch(&tm.st1);
-            al_mbar_arrive_tx(bar_own, 2 * OWN_BYTES);
+        }
+        int jg = 0;                                  /* stream tiles so far, over the items: ring stage jg % ST */
+        for (int it = 0;; it++) {
+            const int ob = it % OWN_BUFS;            /* this item's own buffer */
+#if AL_SM90_PERSIST
+            al_mbar_wait(OWN_E(ob), ((it >> 1) & 1) ^ 1);   /* item it - 2's epilogue is done with it */
+            int lin = 0;
+            if (lane == 0) {
+                lin = atomicAdd(p.sched_ctr + AL_SM90_ROLE, 1);
+                s_item[ob] = lin;                    /* published to the consumers by the OWN_F arrival below */
+            }
+            lin = __shfl_sync(0xffffffffu, lin, 0);
+            if (lin >= nwork) {
+                if (lane == 0) al_mbar_arrive(OWN_F(ob));   /* the end of the list */
+                break;
+            }
+            {
+                int x, y, z;
+                al_fl_work_coords(B90_SCHED ? p.sched_hb : 0, AL_SM90_ROLE == 1, lin, nx, ny, p.B, x, y, z);
+                w = b90_work_make(p, x, y, z);
+            }
+#endif
+            const al_fl_seq &s = w.s;
+            const int b = w.b, hk = w.hk, h = w.h, own0 = w.own0, t_lo = w.t_lo, ntile = w.ntile, nstream = w.nstream;
+            const long long q_start = w.q_start, kv_start = w.kv_start;
+            (void)h;
+            (void)ntile;
+            if (lane == 0) {
+                if (nstream > 0) {
+                    al_mbar_arrive_tx(OWN_F(ob), 2 * OWN_BYTES);
 #if AL_SM90_ROLE == 0
-            const int ob = p.k.sb ? b : 0, ob1 = p.v.sb ? b : 0, orow = (int)(kv_start + own0), oh = hk;
+                    const int ob0 = p.k.sb ? b : 0, ob1 = p.v.sb ? b : 0, orow = (int)(kv_start + own0), oh = hk;
 #else
-            const int ob = p.q.sb ? b : 0, ob1 = p.dout.sb ? b : 0, orow = (int)(q_start + own0), oh = h;
+                    const int ob0 = p.q.sb ? b : 0, ob1 = p.dout.sb ? b : 0, orow = (int)(q_start + own0), oh = h;
 #endif
 #pragma unroll
-            for (int x = 0; x < BOXES; x++) {
-                al_tma_load_4d(sO0 + x * (R * 128), &tm.own0, bar_own, x * 64, orow, oh, ob);
-                al_tma_load_4d(sO1 + x * (R * 128), &tm.own1, bar_own, x * 64, orow, oh, ob1);
+                    for (int x = 0; x < BOXES; x++) {
+                        al_tma_load_4d(SO0(ob) + x * (R * 128), &tm.own0, OWN_F(ob), x * 64, orow, oh, ob0);
+                        al_tma_load_4d(SO1(ob) + x * (R * 128), &tm.own1, OWN_F(ob), x * 64, orow, oh, ob1);
+                    }
+                } else {
+                    al_mbar_arrive(OWN_F(ob));       /* nothing to stream: the consumers write zeros */
+                }
             }
-        }
-        for (int j = 0; j < nstream; j++) {
-            const int stg = j % ST, ph = (j / ST) & 1;
+            for (int j = 0; j < nstream; j++, jg++) {
+                const int stg = jg % ST, ph = (jg / ST) & 1;
 #if AL_SM90_ROLE == 0
-            const int hq = hk * group + B90_TILE_OF(j) / ntile;    /* the q head of this tile */
-            const int r0 = (t_lo + B90_TILE_OF(j) % ntile) * BN;   /* its first query row */
-            const int len = s.q_len, b0 = p.q.sb ? b : 0, b1 = p.dout.sb ? b : 0, th = hq;
-            const long long rs = q_start;
+                const int hq = hk * group + B90_TILE_OF(j) / ntile;    /* the q head of this tile */
+                const int r0 = (t_lo + B90_TILE_OF(j) % ntile) * BN;   /* its first query row */
+                const int len = s.q_len, b0 = p.q.sb ? b : 0, b1 = p.dout.sb ? b : 0, th = hq;
+                const long long rs = q_start;
 #define B90_OP0 p.q
 #define B90_OP1 p.dout
 #else
-            const int r0 = (t_lo + B90_TILE_OF(j)) * BN;           /* first key row */
-            const int len = s.kv_len, b0 = p.k.sb ? b : 0, b1 = p.v.sb ? b : 0, th = hk;
-            const long long rs = kv_start;
+                const int r0 = (t_lo + B90_TILE_OF(j)) * BN;           /* first key row */
+                const int len = s.kv_len, b0 = p.k.sb ? b : 0, b1 = p.v.sb ? b : 0, th = hk;
+                const long long rs = kv_start;
 #define B90_OP0 p.k
 #define B90_OP1 p.v
 #endif
-            const al_u32 d0 = sS0 + stg * ST_BYTES, d1 = sS1 + stg * ST_BYTES;
-            al_mbar_wait(BAR_E(stg), ph ^ 1);
-            if (r0 + BN <= len) {
-                if (lane == 0) {
-                    al_mbar_arrive_tx(BAR_F(stg), 2 * ST_BYTES);
+                const al_u32 d0 = sS0 + stg * ST_BYTES, d1 = sS1 + stg * ST_BYTES;
+                al_mbar_wait(BAR_E(stg), ph ^ 1);
+                if (r0 + BN <= len) {
+                    if (lane == 0) {
+                        al_mbar_arrive_tx(BAR_F(stg), 2 * ST_BYTES);
 #pragma unroll
-                    for (int x = 0; x < BOXES; x++) {
-                        al_tma_load_4d(d0 + x * (BN * 128), &tm.st0, BAR_F(stg), x * 64, (int)(rs + r0), th, b0);
-                        al_tma_load_4d(d1 + x * (BN * 128), &tm.st1, BAR_F(stg), x * 64, (int)(rs + r0), th, b1);
+                        for (int x = 0; x < BOXES; x++) {
+                            al_tma_load_4d(d0 + x * (BN * 128), &tm.st0, BAR_F(stg), x * 64, (int)(rs + r0), th, b0);
+                            al_tma_load_4d(d1 + x * (BN * 128), &tm.st1, BAR_F(stg), x * 64, (int)(rs + r0), th, b1);
+                        }
                     }
+                } else {
+                    const al_u16 *g0 = (const al_u16 *)B90_OP0.ptr + b * B90_OP0.sb + (rs + r0) * B90_OP0.st +
+                                       (long long)th * B90_OP0.sh;
+                    const al_u16 *g1 = (const al_u16 *)B90_OP1.ptr + b * B90_OP1.sb + (rs + r0) * B90_OP1.st +
+                                       (long long)th * B90_OP1.sh;
+                    al_sm90_copy_partial<BN, D>(d0, g0, B90_OP0.st, len - r0, lane);
+                    al_sm90_copy_partial<BN, D>(d1, g1, B90_OP1.st, len - r0, lane);
+                    if (lane == 0) al_mbar_arrive(BAR_F(stg));
                 }
-            } else {
-                const al_u16 *g0 = (const al_u16 *)B90_OP0.ptr + b * B90_OP0.sb + (rs + r0) * B90_OP0.st +
-                                   (long long)th * B90_OP0.sh;
-                const al_u16 *g1 = (const al_u16 *)B90_OP1.ptr + b * B90_OP1.sb + (rs + r0) * B90_OP1.st +
-                                   (long long)th * B90_OP1.sh;
-                al_sm90_copy_partial<BN, D>(d0, g0, B90_OP0.st, len - r0, lane);
-                al_sm90_copy_partial<BN, D>(d1, g1, B90_OP1.st, len - r0, lane);
-                if (lane == 0) al_mbar_arrive(BAR_F(stg));
-            }
 #if B90_STAGE_COLS
-            {
-                /* the tile's lse2 and D columns (query rows r0 + c of head hq), two of each per lane */
-                const long long lrow = ((long long)b * p.H + hq) * p.SQ;
-                const al_u32 dc = sCol + stg * COL_BYTES;
+                {
+                    /* the tile's lse2 and D columns (query rows r0 + c of head hq), two of each per lane */
+                    const long long lrow = ((long long)b * p.H + hq) * p.SQ;
+                    const al_u32 dc = sCol + stg * COL_BYTES;
 #pragma unroll
-                for (int k = 0; k < BN / 32; k++) {
-                    const int c = lane + 32 * k, in = r0 + c < len;
-                    const long long o = lrow + (in ? r0 + c : 0);
-                    al_cp_async4(dc + c * 4, p.lse2 + o, in ? 4 : 0);
-                    al_cp_async4(dc + (BN + c) * 4, p.dsum + o, in ? 4 : 0);
+                    for (int k = 0; k < BN / 32; k++) {
+                        const int c = lane + 32 * k, in = r0 + c < len;
+                        const long long o = lrow + (in ? r0 + c : 0);
+                        al_cp_async4(dc + c * 4, p.lse2 + o, in ? 4 : 0);
+                        al_cp_async4(dc + (BN + c) * 4, p.dsum + o, in ? 4 : 0);
+                    }
+                    al_cp_async_mbar_arrive(BAR_F(stg));
                 }
-                al_cp_async_mbar_arrive(BAR_F(stg));
+#endif
             }
+#if !AL_SM90_PERSIST
+            break;
 #endif
         }
 #if B90_STAGE_COLS
@@ -493,487 +591,527 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     const int wq = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, tq = lane & 3;
     const int rl = cw * 64 + wq * 16 + g;            /* this thread's owned rows: own0 + rl and + 8 */
-    const al_u32 a0 = sO0 + cw * (64 * 128), a1 = sO1 + cw * (64 * 128);
 #if !B90_SLICED
     const float sl2 = p.scale_log2;
 #endif
+    int jg = 0;                                      /* stream tiles so far, over the items: ring stage jg % ST */
+    for (int it = 0;; it++) {
+        const int ob = it % OWN_BUFS;                    /* this item's own buffer */
+        al_mbar_wait(OWN_F(ob), (it / OWN_BUFS) & 1);    /* its rows loaded (or nothing to load) */
+#if AL_SM90_PERSIST
+        {
+            const int lin = s_item[ob];
+            if (lin >= nwork) break;                     /* the end of the list */
+            int x, y, z;
+            al_fl_work_coords(B90_SCHED ? p.sched_hb : 0, AL_SM90_ROLE == 1, lin, nx, ny, p.B, x, y, z);
+            w = b90_work_make(p, x, y, z);
+        }
+#endif
+        const al_fl_seq &s = w.s;
+        const int b = w.b, hk = w.hk, h = w.h, own0 = w.own0, t_lo = w.t_lo, ntile = w.ntile, nstream = w.nstream;
+        const long long q_start = w.q_start, kv_start = w.kv_start;
+        (void)h;
+        (void)ntile;
+        (void)q_start;
+        (void)kv_start;
+        const al_u32 a0 = SO0(ob) + cw * (64 * 128), a1 = SO1(ob) + cw * (64 * 128);
 
-    float acc0[D / 2];                               /* role 0: dV; role 1: dQ */
+        float acc0[D / 2];                               /* role 0: dV; role 1: dQ */
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) acc0[i] = 0.0f;
+        for (int i = 0; i < D / 2; i++) acc0[i] = 0.0f;
 #if AL_SM90_ROLE == 0
-    float acc1[D / 2];                               /* role 0: dK */
+        float acc1[D / 2];                               /* role 0: dK */
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) acc1[i] = 0.0f;
+        for (int i = 0; i < D / 2; i++) acc1[i] = 0.0f;
 #endif
 #if AL_SM90_ROLE == 1
-    /* the two rows' lse2 and D (rows past the sequence: lse2 = +inf, so P = 0) */
-    float lr[2], dr[2];
+        /* the two rows' lse2 and D (rows past the sequence: lse2 = +inf, so P = 0) */
+        float lr[2], dr[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = own0 + rl + 8 * r;
-        const long long o = ((long long)b * p.H + h) * p.SQ + i;
-        lr[r] = i < s.q_len ? p.lse2[o] : AL_POS_INF;
-        dr[r] = i < s.q_len ? p.dsum[o] : 0.0f;
-    }
+        for (int r = 0; r < 2; r++) {
+            const int i = own0 + rl + 8 * r;
+            const long long o = ((long long)b * p.H + h) * p.SQ + i;
+            lr[r] = i < s.q_len ? p.lse2[o] : AL_POS_INF;
+            dr[r] = i < s.q_len ? p.dsum[o] : 0.0f;
+        }
 #endif
-    if (nstream > 0) al_mbar_wait(bar_own, 0);
-    for (int j = 0; j < nstream; j++) {
-        const int stg = j % ST, ph = (j / ST) & 1;
-        const al_u32 t0 = sS0 + stg * ST_BYTES, t1 = sS1 + stg * ST_BYTES;
+        for (int j = 0; j < nstream; j++, jg++) {
+            const int stg = jg % ST, ph = (jg / ST) & 1;
+            const al_u32 t0 = sS0 + stg * ST_BYTES, t1 = sS1 + stg * ST_BYTES;
 #if AL_SM90_ROLE == 0
-        const int hq = hk * group + B90_TILE_OF(j) / ntile;
-        const int c0 = (t_lo + B90_TILE_OF(j) % ntile) * BN;   /* first query column of the tile */
-        const long long lrow = ((long long)b * p.H + hq) * p.SQ;
+            const int hq = hk * group + B90_TILE_OF(j) / ntile;
+            const int c0 = (t_lo + B90_TILE_OF(j) % ntile) * BN;   /* first query column of the tile */
+            const long long lrow = ((long long)b * p.H + hq) * p.SQ;
 #else
-        const int c0 = (t_lo + B90_TILE_OF(j)) * BN;   /* first key column */
+            const int c0 = (t_lo + B90_TILE_OF(j)) * BN;   /* first key column */
 #endif
-        al_mbar_wait(BAR_F(stg), ph);
+            al_mbar_wait(BAR_F(stg), ph);
 #if B90_SLICED
-        {
-            /* the hooks' view of this tile: role 0's rows are keys and its columns queries */
+            {
+                /* the hooks' view of this tile: role 0's rows are keys and its columns queries */
 #if AL_SM90_ROLE == 0
-            al_fl_seq sv = s;                        /* the hooks' h: this tile's query head */
-            sv.h = hq;
-            const int q_lo = c0, q_n = BN, k_lo = own0 + cw * 64, k_n = 64;   /* this warpgroup's box */
+                al_fl_seq sv = s;                        /* the hooks' h: this tile's query head */
+                sv.h = hq;
+                const int q_lo = c0, q_n = BN, k_lo = own0 + cw * 64, k_n = 64;   /* this warpgroup's box */
 #else
-            const al_fl_seq &sv = s;
-            const int q_lo = own0 + cw * 64, q_n = 64, k_lo = c0, k_n = BN;
+                const al_fl_seq &sv = s;
+                const int q_lo = own0 + cw * 64, q_n = 64, k_lo = c0, k_n = BN;
 #endif
-            const int mod_on = B90_KIND_OF(j) == 1;  /* a full block (2) keeps what mask_mod keeps */
-            /* flash_bwd.cu's rule: per element only where mask_mod runs or the box crosses the lengths/band */
-            int need_mask = (AL_HAS_MASK_MOD && mod_on) || k_lo + k_n > sv.kv_len;
+                const int mod_on = B90_KIND_OF(j) == 1;  /* a full block (2) keeps what mask_mod keeps */
+                /* flash_bwd.cu's rule: per element only where mask_mod runs or the box crosses the lengths/band */
+                int need_mask = (AL_HAS_MASK_MOD && mod_on) || k_lo + k_n > sv.kv_len;
 #if AL_MASK_KIND != 0
-            if (sv.wr >= 0) need_mask |= k_lo + k_n - 1 > q_lo + sv.diag + sv.wr;
-            if (sv.wl >= 0) need_mask |= k_lo < q_lo + q_n - 1 + sv.diag - sv.wl;
+                if (sv.wr >= 0) need_mask |= k_lo + k_n - 1 > q_lo + sv.diag + sv.wr;
+                if (sv.wl >= 0) need_mask |= k_lo < q_lo + q_n - 1 + sv.diag - sv.wl;
 #endif
-            (void)q_lo;
-            (void)q_n;
+                (void)q_lo;
+                (void)q_n;
 #if AL_SM90_ROLE == 0
-            al_u32 pa[BN / 16][4];                   /* P^T, for dV */
+                al_u32 pa[BN / 16][4];                   /* P^T, for dV */
 #endif
-            al_u32 da[BN / 16][4];                   /* dS (dS^T), after score_grad */
+                al_u32 da[BN / 16][4];                   /* dS (dS^T), after score_grad */
 #pragma unroll
-            for (int h0 = 0; h0 < BN; h0 += B90_VN) {
-                /* V1. S (role 0: S^T = K Q^T) and dP (role 0: dP^T = V dO^T) of stream rows [h0, h0 + VN),
-                 * in one batch, both kept in f32 */
-                float sc[B90_VN / 2], dp[B90_VN / 2];
-                al_wg_fence();
-                b90_ss_vn(sc, a0, t0, h0);
-                b90_ss_vn(dp, a1, t1, h0);
-                al_wg_commit();
-                al_wg_wait<0>();
-                b90_fence_regs_vn(sc);
-                b90_fence_regs_vn(dp);
+                for (int h0 = 0; h0 < BN; h0 += B90_VN) {
+                    /* V1. S (role 0: S^T = K Q^T) and dP (role 0: dP^T = V dO^T) of stream rows [h0, h0 + VN),
+                     * in one batch, both kept in f32 */
+                    float sc[B90_VN / 2], dp[B90_VN / 2];
+                    al_wg_fence();
+                    b90_ss_vn(sc, a0, t0, h0);
+                    b90_ss_vn(dp, a1, t1, h0);
+                    al_wg_commit();
+                    al_wg_wait<0>();
+                    b90_fence_regs_vn(sc);
+                    b90_fence_regs_vn(dp);
 
-                /* V2. per element, as flash_bwd.cu: element e of n8 tile t is (owned row own0 + rl + 8 (e >> 1),
-                 * column c0 + 8 t + 2 tq + (e & 1)); sc / dp hold the tiles t in [h0 / 8, (h0 + VN) / 8) */
+                    /* V2. per element, as flash_bwd.cu: element e of n8 tile t is (owned row own0 + rl + 8 (e >> 1),
+                     * column c0 + 8 t + 2 tq + (e & 1)); sc / dp hold the tiles t in [h0 / 8, (h0 + VN) / 8) */
 #pragma unroll
-                for (int t = h0 / 8; t < (h0 + B90_VN) / 8; t++) {
-                    const int tv = t - h0 / 8;
+                    for (int t = h0 / 8; t < (h0 + B90_VN) / 8; t++) {
+                        const int tv = t - h0 / 8;
 #if AL_SM90_ROLE == 0
-                    float l2c[2], ddc[2], pv[4];
+                        float l2c[2], ddc[2], pv[4];
 #pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int i = c0 + t * 8 + tq * 2 + c;
-                        const int in = i < s.q_len;
-                        l2c[c] = in ? __ldg(p.lse2 + lrow + i) : AL_POS_INF;
-                        ddc[c] = in ? __ldg(p.dsum + lrow + i) : 0.0f;
-                    }
+                        for (int c = 0; c < 2; c++) {
+                            const int i = c0 + t * 8 + tq * 2 + c;
+                            const int in = i < s.q_len;
+                            l2c[c] = in ? __ldg(p.lse2 + lrow + i) : AL_POS_INF;
+                            ddc[c] = in ? __ldg(p.dsum + lrow + i) : 0.0f;
+                        }
 #endif
-                    float dsv[4];
+                        float dsv[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
+#if AL_SM90_ROLE == 0
+                            const int i = col, jk = orow;
+                            const float l2 = l2c[e & 1], dd = ddc[e & 1];
+#else
+                            const int i = orow, jk = col;
+                            const float l2 = lr[e >> 1], dd = dr[e >> 1];
+#endif
+                            const float raw = sc[tv * 4 + e];
+                            float pe = al_ex2(al_fl_logit2(sv, raw, p.scale, p.scale_log2, 0.0f, i, jk) - l2);
+#if AL_HAS_CAPTURE_GRAD && AL_SM90_ROLE == 0
+                            const int keep = (!need_mask || al_fl_valid(sv, i, jk, mod_on)) && i < sv.q_len;
+                            if (!keep) pe = 0.0f;
+#else
+                            if (need_mask && !al_fl_valid(sv, i, jk, mod_on)) pe = 0.0f;
+#endif
+                            float ds = pe * (dp[tv * 4 + e] - dd);
+#if AL_HAS_CAPTURE_GRAD && AL_SM90_ROLE == 0
+                            /* in this kernel only (the dQ kernel visits the same elements): once per kept element */
+                            if (keep) AL_CAPTURE_GRAD(ds, raw * p.scale, sv.b, sv.h, i, jk);
+#endif
+#if AL_HAS_SCORE_MOD
+                            ds = AL_SCORE_MOD_GRAD(ds, raw * p.scale, sv.b, sv.h, min(i, sv.q_len - 1),
+                                                   min(jk, sv.kv_len - 1));
+#endif
+#if AL_SM90_ROLE == 0
+                            pv[e] = pe;
+#endif
+                            dsv[e] = ds;
+                        }
+#if AL_SM90_ROLE == 0
+                        pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pv[0], pv[1]);
+                        pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pv[2], pv[3]);
+#endif
+                        da[t >> 1][(t & 1) * 2 + 0] = al_pack2(dsv[0], dsv[1]);
+                        da[t >> 1][(t & 1) * 2 + 1] = al_pack2(dsv[2], dsv[3]);
+                    }
+
+                    /* V3. this slice's k-steps of role 0's dV += P^T dO and dK += dS^T Q, or role 1's dQ += dS K
+                     * (waited for here, so the slice's fragments die before the next slice's S and dP: leaving
+                     * the wait to the next slice's V1 spilled 44 bytes in the d=128 dK/dV kernel, session 12) */
+                    al_wg_fence();
+#if AL_SM90_ROLE == 0
+                    b90_rs_part(acc0, pa, t1, h0 / 16, (h0 + B90_VN) / 16);
+                    b90_rs_part(acc1, da, t0, h0 / 16, (h0 + B90_VN) / 16);
+#else
+                    b90_rs_part(acc0, da, t0, h0 / 16, (h0 + B90_VN) / 16);
+#endif
+                    al_wg_commit();
+                    al_wg_wait<0>();
+                    AL_WG_FENCE_D(acc0);
+#if AL_SM90_ROLE == 0
+                    AL_WG_FENCE_D(acc1);
+                    al_wg_fence_u32<4 * (B90_VN / 16)>(&pa[h0 / 16][0]);
+#endif
+                    al_wg_fence_u32<4 * (B90_VN / 16)>(&da[h0 / 16][0]);
+                }
+            }
+#else
+#if AL_HAS_MASK_MOD
+            /* a mask_mod-only variant: the tile's keep bits (element e of n8 tile t: bit 4 t + e), evaluated before
+             * S is live, so mask_mod's capture reads do not add to the P step's register peak (there the
+             * document mask spilled 4 bytes in the d=128 dK/dV kernel). mask_mod runs in partial blocks (1), not
+             * in full ones (2); the hooks' h is the tile's query head (role 0 streams the heads of a GQA group).
+             * A full block whose whole box lies inside the lengths (and the band) keeps every element: no per-element
+             * loop. Before, it ran on every tile, serially ahead of the S product, and causal through mask_mod + a
+             * block mask took 1.17-1.22x built-in causal's backward (ncu, 2x16x8192x128: dK/dV 3.87 vs 2.93 ms). */
+            unsigned keep = ~0u;
+            const int mod_on = B90_KIND_OF(j) == 1;
+#if AL_SM90_ROLE == 0
+            const int box_in = b90_box_inside(s, c0, c0 + BN, own0, own0 + R);
+#else
+            const int box_in = b90_box_inside(s, own0, own0 + R, c0, c0 + BN);
+#endif
+            if (mod_on || !box_in) {
+                keep = 0;
+#if AL_SM90_ROLE == 0
+                al_fl_seq sv = s;
+                sv.h = hq;
+#endif
+#pragma unroll
+                for (int t = 0; t < BN / 8; t++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
 #if AL_SM90_ROLE == 0
-                        const int i = col, jk = orow;
-                        const float l2 = l2c[e & 1], dd = ddc[e & 1];
+                        const int ok = col < s.q_len && orow < s.kv_len && al_fl_valid(sv, col, orow, mod_on);
 #else
-                        const int i = orow, jk = col;
-                        const float l2 = lr[e >> 1], dd = dr[e >> 1];
+                        const int ok = orow < s.q_len && al_fl_valid(s, orow, col, mod_on);
 #endif
-                        const float raw = sc[tv * 4 + e];
-                        float pe = al_ex2(al_fl_logit2(sv, raw, p.scale, p.scale_log2, 0.0f, i, jk) - l2);
-#if AL_HAS_CAPTURE_GRAD && AL_SM90_ROLE == 0
-                        const int keep = (!need_mask || al_fl_valid(sv, i, jk, mod_on)) && i < sv.q_len;
-                        if (!keep) pe = 0.0f;
-#else
-                        if (need_mask && !al_fl_valid(sv, i, jk, mod_on)) pe = 0.0f;
-#endif
-                        float ds = pe * (dp[tv * 4 + e] - dd);
-#if AL_HAS_CAPTURE_GRAD && AL_SM90_ROLE == 0
-                        /* in this kernel only (the dQ kernel visits the same elements): once per kept element */
-                        if (keep) AL_CAPTURE_GRAD(ds, raw * p.scale, sv.b, sv.h, i, jk);
-#endif
-#if AL_HAS_SCORE_MOD
-                        ds = AL_SCORE_MOD_GRAD(ds, raw * p.scale, sv.b, sv.h, min(i, sv.q_len - 1),
-                                               min(jk, sv.kv_len - 1));
-#endif
-#if AL_SM90_ROLE == 0
-                        pv[e] = pe;
-#endif
-                        dsv[e] = ds;
+                        keep |= (unsigned)ok << (4 * t + e);
                     }
-#if AL_SM90_ROLE == 0
-                    pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pv[0], pv[1]);
-                    pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pv[2], pv[3]);
-#endif
-                    da[t >> 1][(t & 1) * 2 + 0] = al_pack2(dsv[0], dsv[1]);
-                    da[t >> 1][(t & 1) * 2 + 1] = al_pack2(dsv[2], dsv[3]);
-                }
-
-                /* V3. this slice's k-steps of role 0's dV += P^T dO and dK += dS^T Q, or role 1's dQ += dS K
-                 * (waited for here, so the slice's fragments die before the next slice's S and dP: leaving
-                 * the wait to the next slice's V1 spilled 44 bytes in the d=128 dK/dV kernel, session 12) */
-                al_wg_fence();
-#if AL_SM90_ROLE == 0
-                b90_rs_part(acc0, pa, t1, h0 / 16, (h0 + B90_VN) / 16);
-                b90_rs_part(acc1, da, t0, h0 / 16, (h0 + B90_VN) / 16);
-#else
-                b90_rs_part(acc0, da, t0, h0 / 16, (h0 + B90_VN) / 16);
-#endif
-                al_wg_commit();
-                al_wg_wait<0>();
-                AL_WG_FENCE_D(acc0);
-#if AL_SM90_ROLE == 0
-                AL_WG_FENCE_D(acc1);
-                al_wg_fence_u32<4 * (B90_VN / 16)>(&pa[h0 / 16][0]);
-#endif
-                al_wg_fence_u32<4 * (B90_VN / 16)>(&da[h0 / 16][0]);
             }
-        }
-#else
-#if AL_HAS_MASK_MOD
-        /* a mask_mod-only variant: the tile's keep bits (element e of n8 tile t: bit 4 t + e), evaluated before
-         * S is live, so mask_mod's capture reads do not add to the P step's register peak (there the
-         * document mask spilled 4 bytes in the d=128 dK/dV kernel). mask_mod runs in partial blocks (1), not
-         * in full ones (2); the hooks' h is the tile's query head (role 0 streams the heads of a GQA group).
-         * A full block whose whole box lies inside the lengths (and the band) keeps every element: no per-element
-         * loop. Before, it ran on every tile, serially ahead of the S product, and causal through mask_mod + a
-         * block mask took 1.17-1.22x built-in causal's backward (ncu, 2x16x8192x128: dK/dV 3.87 vs 2.93 ms). */
-        unsigned keep = ~0u;
-        const int mod_on = B90_KIND_OF(j) == 1;
-#if AL_SM90_ROLE == 0
-        const int box_in = b90_box_inside(s, c0, c0 + BN, own0, own0 + R);
-#else
-        const int box_in = b90_box_inside(s, own0, own0 + R, c0, c0 + BN);
 #endif
-        if (mod_on || !box_in) {
-            keep = 0;
-#if AL_SM90_ROLE == 0
-            al_fl_seq sv = s;
-            sv.h = hq;
+            /* 1. S (role 0: S^T = K Q^T) */
+            float sc[BN / 2];
+#if AL_SM90_ROLE == 1
+            float dp[BN / 2];
 #endif
+            al_wg_fence();
+            b90_ss(sc, a0, t0);
+            al_wg_commit();
+#if AL_SM90_ROLE == 1
+            /* dP does not depend on P here: issued now, in a commit group of its own, it runs while step 2
+             * computes P. ptxas moved the dP issue up between step 2's instructions by itself; with step 2 in two
+             * copies behind a branch it could not, and dP waited for P (SASS, session 11). In the dK/dV kernel
+             * dP^T beside its two accumulators and the hoisted columns spilled 156 bytes: not there. */
+            b90_ss(dp, a1, t1);
+            al_wg_commit();
+#endif
+#if AL_SM90_ROLE == 0
+            /* this thread's lse2 and D columns, read while S runs from the stage's copy in shared memory
+             * (B90_STAGE_COLS), as 8-byte pairs. Loaded in step 2 instead, each through its own 64-bit address, and
+             * right before their use behind S's wait, they cost the backward 24-27% (session 12); loaded from global
+             * memory here, 17% of the warps' stall samples waited for them (session 15). Columns past q_len hold
+             * zeros: every such element is masked in step 2. */
+            float l2v[BN / 8][2], ddc[BN / 8][2];
+            {
+                const float *cs = (const float *)(smem_raw + (sCol + stg * COL_BYTES - al_smem_addr(smem_raw)));
 #pragma unroll
-            for (int t = 0; t < BN / 8; t++)
+                for (int t = 0; t < BN / 8; t++) {
+                    const float2 lv = *(const float2 *)(cs + t * 8 + tq * 2);
+                    const float2 dv = *(const float2 *)(cs + BN + t * 8 + tq * 2);
+                    l2v[t][0] = lv.x;
+                    l2v[t][1] = lv.y;
+                    ddc[t][0] = dv.x;
+                    ddc[t][1] = dv.y;
+                }
+            }
+            al_wg_wait<0>();
+#else
+            al_wg_wait<1>();                             /* S retired; dP may still run */
+#endif
+            al_wg_fence_regs_n64(sc);
+
+            /* 2. P (P^T), packed to 16 bits at once (the f32 S dies here: register pressure). Element e of n8
+             * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). Compiled twice: all_in
+             * (a b90_flag) says every element of the tile is kept, and that copy has no per-element test. */
+            al_u32 pa[BN / 16][4];
+            auto p_step = [&](auto all_in) {
+#pragma unroll
+            for (int t = 0; t < BN / 8; t++) {
+                float pe[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
-#if AL_SM90_ROLE == 0
-                    const int ok = col < s.q_len && orow < s.kv_len && al_fl_valid(sv, col, orow, mod_on);
+#if AL_HAS_MASK_MOD
+                    const int ok = decltype(all_in)::value || ((keep >> (4 * t + e)) & 1u);
+                    (void)orow;
+                    (void)col;
+#elif AL_SM90_ROLE == 0
+                    const int ok = decltype(all_in)::value ||
+                                   (col < s.q_len && orow < s.kv_len && al_fl_valid(s, col, orow));
 #else
-                    const int ok = orow < s.q_len && al_fl_valid(s, orow, col, mod_on);
+                    const int ok = decltype(all_in)::value || (orow < s.q_len && al_fl_valid(s, orow, col));
 #endif
-                    keep |= (unsigned)ok << (4 * t + e);
+#if AL_SM90_ROLE == 0
+                    const float l2 = l2v[t][e & 1];
+#else
+                    const float l2 = lr[e >> 1];
+#endif
+                    pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
                 }
-        }
-#endif
-        /* 1. S (role 0: S^T = K Q^T) */
-        float sc[BN / 2];
-#if AL_SM90_ROLE == 1
-        float dp[BN / 2];
-#endif
-        al_wg_fence();
-        b90_ss(sc, a0, t0);
-        al_wg_commit();
-#if AL_SM90_ROLE == 1
-        /* dP does not depend on P here: issued now, in a commit group of its own, it runs while step 2
-         * computes P. ptxas moved the dP issue up between step 2's instructions by itself; with step 2 in two
-         * copies behind a branch it could not, and dP waited for P (SASS, session 11). In the dK/dV kernel
-         * dP^T beside its two accumulators and the hoisted columns spilled 156 bytes: not there. */
-        b90_ss(dp, a1, t1);
-        al_wg_commit();
-#endif
-#if AL_SM90_ROLE == 0
-        /* this thread's lse2 and D columns, read while S runs from the stage's copy in shared memory
-         * (B90_STAGE_COLS), as 8-byte pairs. Loaded in step 2 instead, each through its own 64-bit address, and
-         * right before their use behind S's wait, they cost the backward 24-27% (session 12); loaded from global
-         * memory here, 17% of the warps' stall samples waited for them (session 15). Columns past q_len hold
-         * zeros: every such element is masked in step 2. */
-        float l2v[BN / 8][2], ddc[BN / 8][2];
-        {
-            const float *cs = (const float *)(smem_raw + (sCol + stg * COL_BYTES - al_smem_addr(smem_raw)));
-#pragma unroll
-            for (int t = 0; t < BN / 8; t++) {
-                const float2 lv = *(const float2 *)(cs + t * 8 + tq * 2);
-                const float2 dv = *(const float2 *)(cs + BN + t * 8 + tq * 2);
-                l2v[t][0] = lv.x;
-                l2v[t][1] = lv.y;
-                ddc[t][0] = dv.x;
-                ddc[t][1] = dv.y;
+                pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pe[0], pe[1]);
+                pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pe[2], pe[3]);
             }
-        }
-        al_wg_wait<0>();
-#else
-        al_wg_wait<1>();                             /* S retired; dP may still run */
-#endif
-        al_wg_fence_regs_n64(sc);
-
-        /* 2. P (P^T), packed to 16 bits at once (the f32 S dies here: register pressure). Element e of n8
-         * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). Compiled twice: all_in
-         * (a b90_flag) says every element of the tile is kept, and that copy has no per-element test. */
-        al_u32 pa[BN / 16][4];
-        auto p_step = [&](auto all_in) {
-#pragma unroll
-        for (int t = 0; t < BN / 8; t++) {
-            float pe[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
+            };
+            /* the test-free copy: a tile whose whole box lies inside the lengths and the band (a uniform test), or
+             * with mask_mod a full block (2) whose box does (keep is all ones there). Without it, causal through
+             * mask_mod + a block mask took 1.10-1.13x built-in causal's backward (session 12). */
 #if AL_HAS_MASK_MOD
-                const int ok = decltype(all_in)::value || ((keep >> (4 * t + e)) & 1u);
-                (void)orow;
-                (void)col;
+            if (!mod_on && box_in) p_step(b90_flag<true>());
 #elif AL_SM90_ROLE == 0
-                const int ok = decltype(all_in)::value || (col < s.q_len && orow < s.kv_len && al_fl_valid(s, col, orow));
+            if (b90_box_inside(s, c0, c0 + BN, own0, own0 + R)) p_step(b90_flag<true>());
 #else
-                const int ok = decltype(all_in)::value || (orow < s.q_len && al_fl_valid(s, orow, col));
+            if (b90_box_inside(s, own0, own0 + R, c0, c0 + BN)) p_step(b90_flag<true>());
 #endif
-#if AL_SM90_ROLE == 0
-                const float l2 = l2v[t][e & 1];
-#else
-                const float l2 = lr[e >> 1];
-#endif
-                pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
-            }
-            pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pe[0], pe[1]);
-            pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pe[2], pe[3]);
-        }
-        };
-        /* the test-free copy: a tile whose whole box lies inside the lengths and the band (a uniform test), or
-         * with mask_mod a full block (2) whose box does (keep is all ones there). Without it, causal through
-         * mask_mod + a block mask took 1.10-1.13x built-in causal's backward (session 12). */
-#if AL_HAS_MASK_MOD
-        if (!mod_on && box_in) p_step(b90_flag<true>());
-#elif AL_SM90_ROLE == 0
-        if (b90_box_inside(s, c0, c0 + BN, own0, own0 + R)) p_step(b90_flag<true>());
-#else
-        if (b90_box_inside(s, own0, own0 + R, c0, c0 + BN)) p_step(b90_flag<true>());
-#endif
-        else p_step(b90_flag<false>());
+            else p_step(b90_flag<false>());
 
-        /* 3. dP (role 0: dP^T = V dO^T), and role 0's dV += P^T dO in the same batch; the dQ kernel's dP was
-         * issued in step 1 */
+            /* 3. dP (role 0: dP^T = V dO^T), and role 0's dV += P^T dO in the same batch; the dQ kernel's dP was
+             * issued in step 1 */
 #if AL_SM90_ROLE == 1
-        al_wg_wait<0>();
+            al_wg_wait<0>();
 #else
-        float dp[BN / 2];
-        al_wg_fence();
-        b90_ss(dp, a1, t1);
-        b90_rs(acc0, pa, t1);
-        al_wg_commit();
-        al_wg_wait<0>();
+            float dp[BN / 2];
+            al_wg_fence();
+            b90_ss(dp, a1, t1);
+            b90_rs(acc0, pa, t1);
+            al_wg_commit();
+            al_wg_wait<0>();
 #endif
-        al_wg_fence_regs_n64(dp);
+            al_wg_fence_regs_n64(dp);
 #if AL_SM90_ROLE == 0
-        AL_WG_FENCE_D(acc0);
+            AL_WG_FENCE_D(acc0);
 #endif
 
-        /* 4. dS = P (dP - D). The f32 P died in step 2 to save registers. bf16: in f32 from the packed
-         * P (it unpacks exactly), rounded to bf16 once; the first version's bf16 (dP - D) times bf16 P
-         * in a bf16 multiply rounded three times and put a dQ element of attention_flash_spec's window
-         * (12,0) + padding case 0.019 off, over TE's 0.015. f16 (8x finer rounding, within its 2.5e-3
-         * there) keeps the packed f16x2 multiply: unpacking f16 costs registers the d=128 dK/dV kernel
-         * does not have (it spilled 32-36 bytes). */
-        al_u32 da[BN / 16][4];
+            /* 4. dS = P (dP - D). The f32 P died in step 2 to save registers. bf16: in f32 from the packed
+             * P (it unpacks exactly), rounded to bf16 once; the first version's bf16 (dP - D) times bf16 P
+             * in a bf16 multiply rounded three times and put a dQ element of attention_flash_spec's window
+             * (12,0) + padding case 0.019 off, over TE's 0.015. f16 (8x finer rounding, within its 2.5e-3
+             * there) keeps the packed f16x2 multiply: unpacking f16 costs registers the d=128 dK/dV kernel
+             * does not have (it spilled 32-36 bytes). */
+            al_u32 da[BN / 16][4];
 #pragma unroll
-        for (int t = 0; t < BN / 8; t++)
+            for (int t = 0; t < BN / 8; t++)
 #pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {         /* h2: row rl (0) or rl + 8 (1) */
+                for (int h2 = 0; h2 < 2; h2++) {         /* h2: row rl (0) or rl + 8 (1) */
 #if AL_SM90_ROLE == 0
-                const float d0 = ddc[t][0], d1 = ddc[t][1];
+                    const float d0 = ddc[t][0], d1 = ddc[t][1];
 #else
-                const float d0 = dr[h2], d1 = dr[h2];
+                    const float d0 = dr[h2], d1 = dr[h2];
 #endif
 #if AL_BF16
-                float p0, p1;
-                b90_unpack2(pa[t >> 1][(t & 1) * 2 + h2], p0, p1);
-                da[t >> 1][(t & 1) * 2 + h2] = al_pack2(p0 * (dp[t * 4 + 2 * h2] - d0), p1 * (dp[t * 4 + 2 * h2 + 1] - d1));
+                    float p0, p1;
+                    b90_unpack2(pa[t >> 1][(t & 1) * 2 + h2], p0, p1);
+                    da[t >> 1][(t & 1) * 2 + h2] =
+                        al_pack2(p0 * (dp[t * 4 + 2 * h2] - d0), p1 * (dp[t * 4 + 2 * h2 + 1] - d1));
 #else
-                const al_u32 g2 = al_pack2(dp[t * 4 + 2 * h2] - d0, dp[t * 4 + 2 * h2 + 1] - d1);
-                da[t >> 1][(t & 1) * 2 + h2] = b90_mul2(pa[t >> 1][(t & 1) * 2 + h2], g2);
+                    const al_u32 g2 = al_pack2(dp[t * 4 + 2 * h2] - d0, dp[t * 4 + 2 * h2 + 1] - d1);
+                    da[t >> 1][(t & 1) * 2 + h2] = b90_mul2(pa[t >> 1][(t & 1) * 2 + h2], g2);
 #endif
-            }
-        al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
+                }
+            al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
 #if AL_SM90_DQ_ATOMIC
-        /* dS^T into buffer j & 1: fragment (t, h2) is key row rl + 8 h2, query columns 8 t + 2 tq (+1), i.e.
-         * 16-byte chunk t of a 128-byte row, swizzled to chunk t ^ (row & 7) (8 rows x 4 tq per warp and t:
-         * 32 distinct banks) */
-        const al_u32 sds = sDS + (j & 1) * DS_BYTES;
+            /* dS^T into buffer j & 1: fragment (t, h2) is key row rl + 8 h2, query columns 8 t + 2 tq (+1), i.e.
+             * 16-byte chunk t of a 128-byte row, swizzled to chunk t ^ (row & 7) (8 rows x 4 tq per warp and t:
+             * 32 distinct banks) */
+            const al_u32 sds = sDS + (j & 1) * DS_BYTES;
 #pragma unroll
-        for (int t = 0; t < BN / 8; t++)
+            for (int t = 0; t < BN / 8; t++)
 #pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                const int key = rl + 8 * h2;
-                const al_u32 a = sds + key * 128 + (((t ^ key) & 7) << 4) + tq * 4;
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(da[t >> 1][(t & 1) * 2 + h2]) : "memory");
-            }
-        al_fence_proxy_async();
+                for (int h2 = 0; h2 < 2; h2++) {
+                    const int key = rl + 8 * h2;
+                    const al_u32 a = sds + key * 128 + (((t ^ key) & 7) << 4) + tq * 4;
+                    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(da[t >> 1][(t & 1) * 2 + h2]) : "memory");
+                }
+            al_fence_proxy_async();
 #endif
 
-        /* 5. role 0: dK += dS^T Q; role 1: dQ += dS K */
-        al_wg_fence();
+            /* 5. role 0: dK += dS^T Q; role 1: dQ += dS K */
+            al_wg_fence();
 #if AL_SM90_ROLE == 0
-        b90_rs(acc1, da, t0);
+            b90_rs(acc1, da, t0);
 #else
-        b90_rs(acc0, da, t0);
+            b90_rs(acc0, da, t0);
 #endif
-        al_wg_commit();
+            al_wg_commit();
 #if AL_SM90_DQ_ATOMIC
-        /* 6. dQ[:, 64 cw, + 64) of this tile = dS K_own, once both warpgroups' dS^T halves are in the buffer
-         * and dK's product has retired (with dS's fragments still live beside dQ's 32 accumulators the kernel
-         * spilled 12-16 bytes), then added into dq_acc */
-        al_wg_wait<0>();
-        AL_WG_FENCE_D(acc1);
-        al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
-        float dqp[32];
-        al_named_sync(1, 256);
-        {
-            const al_u64 dd0 = al_desc_sw128(sds, R * 128, 1024);                   /* dS: 64 q x R keys */
-            const al_u64 dk0 = al_desc_sw128(sO0 + cw * (R * 128), R * 128, 1024);  /* K_own, d box cw */
+            /* 6. dQ[:, 64 cw, + 64) of this tile = dS K_own, once both warpgroups' dS^T halves are in the buffer
+             * and dK's product has retired (with dS's fragments still live beside dQ's 32 accumulators the kernel
+             * spilled 12-16 bytes), then added into dq_acc */
+            al_wg_wait<0>();
+            AL_WG_FENCE_D(acc1);
+            al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
+            float dqp[32];
+            al_named_sync(1, 256);
+            {
+                const al_u64 dd0 = al_desc_sw128(sds, R * 128, 1024);                   /* dS: 64 q x R keys */
+                const al_u64 dk0 = al_desc_sw128(SO0(0) + cw * (R * 128), R * 128, 1024);  /* K_own, d box cw */
 #pragma unroll
-            for (int kk = 0; kk < R / 16; kk++)
-                al_wgmma_ss_n64_tt(dqp, al_desc_off(dd0, kk * (16 * 128)), al_desc_off(dk0, kk * (16 * 128)), kk > 0);
-        }
-        al_wg_commit();
+                for (int kk = 0; kk < R / 16; kk++)
+                    al_wgmma_ss_n64_tt(dqp, al_desc_off(dd0, kk * (16 * 128)), al_desc_off(dk0, kk * (16 * 128)),
+                                       kk > 0);
+            }
+            al_wg_commit();
 #endif
-        al_wg_wait<0>();
+            al_wg_wait<0>();
 #if AL_SM90_ROLE == 0
-        AL_WG_FENCE_D(acc1);
+            AL_WG_FENCE_D(acc1);
 #else
-        AL_WG_FENCE_D(acc0);
+            AL_WG_FENCE_D(acc0);
 #endif
-        al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
+            al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
 #if AL_SM90_DQ_ATOMIC
-        al_wg_fence_regs_n64(dqp);
-        if (lane == 0) al_mbar_arrive(BAR_E(stg));
-        {
-            /* element (t, e) of the accumulator: query c0 + 16 wq + g + 8 (e >> 1), d column 64 cw + 8 t + 2 tq
-             * + (e & 1); rows past the sequence hold zeros (P = 0) and are skipped */
-            float *qa = p.dq_acc + (lrow + c0) * D + cw * 64 + tq * 2;
+            al_wg_fence_regs_n64(dqp);
+            if (lane == 0) al_mbar_arrive(BAR_E(stg));
+            {
+                /* element (t, e) of the accumulator: query c0 + 16 wq + g + 8 (e >> 1), d column 64 cw + 8 t + 2 tq
+                 * + (e & 1); rows past the sequence hold zeros (P = 0) and are skipped */
+                float *qa = p.dq_acc + (lrow + c0) * D + cw * 64 + tq * 2;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int q = wq * 16 + g + 8 * r;
-                if (c0 + q < s.q_len) {
+                for (int r = 0; r < 2; r++) {
+                    const int q = wq * 16 + g + 8 * r;
+                    if (c0 + q < s.q_len) {
 #pragma unroll
-                    for (int t = 0; t < 8; t++)
-                        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(qa + (long long)q * D + t * 8),
-                                     "f"(dqp[t * 4 + 2 * r]), "f"(dqp[t * 4 + 2 * r + 1])
-                                     : "memory");
+                        for (int t = 0; t < 8; t++)
+                            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(qa + (long long)q * D + t * 8),
+                                         "f"(dqp[t * 4 + 2 * r]), "f"(dqp[t * 4 + 2 * r + 1])
+                                         : "memory");
+                    }
                 }
             }
-        }
-        continue;
+            continue;
 #endif
 #endif /* B90_SLICED */
-        if (lane == 0) al_mbar_arrive(BAR_E(stg));
-    }
+            if (lane == 0) al_mbar_arrive(BAR_E(stg));
+        }
 
-    /* epilogue: through the caller's strides and dtype (dense rows past the sequence: zeros). Gradients in the
-     * kernel's 16-bit dtype with unit column stride and 16-byte-aligned rows (the usual case: separate or packed
-     * buffers alike) go through shared memory as row blocks of 16-byte stores (b90_frag_to_smem /
-     * b90_smem_to_global; session 15: -1 to -3.5% backward); with 4-byte-aligned rows a column pair per 32-bit
-     * store (al_pack2 rounds as al_st_elem does, so all three paths write the same bits); others element by
-     * element through al_st_elem's dtype switch */
-    const float scale = p.scale;
-    /* the row-block path: both gradients (role 0) or dQ in the kernel's dtype with 16-byte aligned rows (uniform).
-     * The stream ring (st0: R x D 16-bit values fit in its stages) is free once both warpgroups are past their
-     * last product: one barrier of the consumers before the fragments go in, one before they go out. */
+        /* epilogue: through the caller's strides and dtype (dense rows past the sequence: zeros). Gradients in the
+         * kernel's 16-bit dtype with unit column stride and 16-byte-aligned rows (the usual case: separate or packed
+         * buffers alike) go through shared memory as row blocks of 16-byte stores (b90_frag_to_own /
+         * b90_own_to_global; session 15: -1 to -3.5% backward); with 4-byte-aligned rows a column pair per 32-bit
+         * store (al_pack2 rounds as al_st_elem does, so all three paths write the same bits); others element by
+         * element through al_st_elem's dtype switch */
+        const float scale = p.scale;
+        /* the row-block path: both gradients (role 0) or dQ in the kernel's dtype with 16-byte aligned rows (uniform).
+         * Each warpgroup stages its 64 rows in its own rows of the item's own buffer (own0: dK or dQ, own1: dV),
+         * which only its products read: free once its four warps are past their last product (with the dQ atomics
+         * the last product reads both warpgroups' K rows: all consumers wait there) */
 #if AL_SM90_ROLE == 0
-    if (b90_vec_ok(p.dk) && b90_vec_ok(p.dv)) {
-        static_assert(ST * ST_BYTES >= R * D * 2, "the epilogue's row block fits in the stream ring");
-        int keep[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) keep[r] = own0 + rl + 8 * r < s.kv_len;
-        al_named_sync(1, 128 * NC);
-        b90_frag_to_smem(sS0, acc1, scale, rl, tq, keep);
-        b90_frag_to_smem(sS1, acc0, 1.0f, rl, tq, keep);
-        al_named_sync(1, 128 * NC);
-        /* rows past SKV are not there; thd's gaps (rows past kv_len, sb = 0) were zero-filled by the host */
-        const auto ok_row = [&](int r) { return own0 + r < p.SKV && (p.k.sb != 0 || own0 + r < s.kv_len); };
-        b90_smem_to_global(sS0, p.dk, tid - 128, 128 * NC, ok_row, [&](int r) {
-            return b * p.dk.sb + (kv_start + own0 + r) * p.dk.st + (long long)hk * p.dk.sh; });
-        b90_smem_to_global(sS1, p.dv, tid - 128, 128 * NC, ok_row, [&](int r) {
-            return b * p.dv.sb + (kv_start + own0 + r) * p.dv.st + (long long)hk * p.dv.sh; });
-        return;
-    }
+        const int vec = b90_vec_ok(p.dk) && b90_vec_ok(p.dv);
 #else
-    if (b90_vec_ok(p.dq)) {
-        static_assert(ST * ST_BYTES >= R * D * 2, "the epilogue's row block fits in the stream ring");
-        int keep[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) keep[r] = own0 + rl + 8 * r < s.q_len;
-        al_named_sync(1, 128 * NC);
-        b90_frag_to_smem(sS0, acc0, scale, rl, tq, keep);
-        al_named_sync(1, 128 * NC);
-        const auto ok_row = [&](int r) { return own0 + r < p.SQ && (p.q.sb != 0 || own0 + r < s.q_len); };
-        b90_smem_to_global(sS0, p.dq, tid - 128, 128 * NC, ok_row, [&](int r) {
-            return b * p.dq.sb + (q_start + own0 + r) * p.dq.st + (long long)h * p.dq.sh; });
-        return;
-    }
+        const int vec = b90_vec_ok(p.dq);
 #endif
-    /* otherwise: column pairs or elements through the caller's strides and dtype */
-    const auto pair_ok = [](const al_flash_op &op, long long o) {
-        return op.dtype == (AL_BF16 ? AL_FLASH_DT_BF16 : AL_FLASH_DT_F16) && op.sc == 1 &&
-               ((reinterpret_cast<unsigned long long>(op.ptr) + 2ull * (unsigned long long)o) & 3ull) == 0;
-    };
+        if (vec) {
+            int keep[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = own0 + rl + 8 * r;
+            for (int r = 0; r < 2; r++) keep[r] = own0 + rl + 8 * r < (AL_SM90_ROLE == 0 ? s.kv_len : s.q_len);
+#if AL_SM90_DQ_ATOMIC
+            al_named_sync(1, 128 * NC);
+#else
+            al_named_sync(2 + cw, 128);
+#endif
 #if AL_SM90_ROLE == 0
-        if (row >= p.SKV || (p.k.sb == 0 && row >= s.kv_len)) continue;   /* thd: gaps were zero-filled */
-        const int ok = row < s.kv_len;
-        const long long ko = b * p.dk.sb + (kv_start + row) * p.dk.st + (long long)hk * p.dk.sh;
-        const long long vo = b * p.dv.sb + (kv_start + row) * p.dv.st + (long long)hk * p.dv.sh;
-        if (pair_ok(p.dk, ko + tq * 2) && pair_ok(p.dv, vo + tq * 2)) {
-#pragma unroll
-            for (int t = 0; t < D / 8; t++) {
-                const int d = t * 8 + tq * 2;
-                *(al_u32 *)((al_u16 *)p.dk.ptr + ko + d) =
-                    al_pack2(ok ? acc1[t * 4 + 2 * r] * scale : 0.0f, ok ? acc1[t * 4 + 2 * r + 1] * scale : 0.0f);
-                *(al_u32 *)((al_u16 *)p.dv.ptr + vo + d) =
-                    al_pack2(ok ? acc0[t * 4 + 2 * r] : 0.0f, ok ? acc0[t * 4 + 2 * r + 1] : 0.0f);
-            }
-            continue;
-        }
-#pragma unroll
-        for (int t = 0; t < D / 8; t++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int d = t * 8 + tq * 2 + e;
-                al_st_elem(p.dk.ptr, p.dk.dtype, ko + d * p.dk.sc, ok ? acc1[t * 4 + 2 * r + e] * scale : 0.0f);
-                al_st_elem(p.dv.ptr, p.dv.dtype, vo + d * p.dv.sc, ok ? acc0[t * 4 + 2 * r + e] : 0.0f);
-            }
+            b90_frag_to_own(SO0(ob), acc1, scale, rl, tq, keep);
+            b90_frag_to_own(SO1(ob), acc0, 1.0f, rl, tq, keep);
 #else
-        if (row >= p.SQ || (p.q.sb == 0 && row >= s.q_len)) continue;
-        const int ok = row < s.q_len;
-        const long long qo = b * p.dq.sb + (q_start + row) * p.dq.st + (long long)h * p.dq.sh;
-        if (pair_ok(p.dq, qo + tq * 2)) {
+            b90_frag_to_own(SO0(ob), acc0, scale, rl, tq, keep);
+#endif
+            al_named_sync(2 + cw, 128);
+#if AL_SM90_ROLE == 0
+            /* rows past SKV are not there; thd's gaps (rows past kv_len, sb = 0) were zero-filled by the host */
+            const auto ok_row = [&](int r) { return own0 + r < p.SKV && (p.k.sb != 0 || own0 + r < s.kv_len); };
+            b90_own_to_global(SO0(ob), p.dk, tid & 127, cw * 64, ok_row, [&](int r) {
+                return b * p.dk.sb + (kv_start + own0 + r) * p.dk.st + (long long)hk * p.dk.sh; });
+            b90_own_to_global(SO1(ob), p.dv, tid & 127, cw * 64, ok_row, [&](int r) {
+                return b * p.dv.sb + (kv_start + own0 + r) * p.dv.st + (long long)hk * p.dv.sh; });
+#else
+            const auto ok_row = [&](int r) { return own0 + r < p.SQ && (p.q.sb != 0 || own0 + r < s.q_len); };
+            b90_own_to_global(SO0(ob), p.dq, tid & 127, cw * 64, ok_row, [&](int r) {
+                return b * p.dq.sb + (q_start + own0 + r) * p.dq.st + (long long)h * p.dq.sh; });
+#endif
+        } else {
+            /* otherwise: column pairs or elements through the caller's strides and dtype */
+            const auto pair_ok = [](const al_flash_op &op, long long o) {
+                return op.dtype == (AL_BF16 ? AL_FLASH_DT_BF16 : AL_FLASH_DT_F16) && op.sc == 1 &&
+                       ((reinterpret_cast<unsigned long long>(op.ptr) + 2ull * (unsigned long long)o) & 3ull) == 0;
+            };
 #pragma unroll
-            for (int t = 0; t < D / 8; t++)
-                *(al_u32 *)((al_u16 *)p.dq.ptr + qo + t * 8 + tq * 2) =
-                    al_pack2(ok ? acc0[t * 4 + 2 * r] * scale : 0.0f, ok ? acc0[t * 4 + 2 * r + 1] * scale : 0.0f);
-            continue;
-        }
+            for (int r = 0; r < 2; r++) {
+                const int row = own0 + rl + 8 * r;
+#if AL_SM90_ROLE == 0
+                if (row >= p.SKV || (p.k.sb == 0 && row >= s.kv_len)) continue;   /* thd: gaps were zero-filled */
+                const int ok = row < s.kv_len;
+                const long long ko = b * p.dk.sb + (kv_start + row) * p.dk.st + (long long)hk * p.dk.sh;
+                const long long vo = b * p.dv.sb + (kv_start + row) * p.dv.st + (long long)hk * p.dv.sh;
+                if (pair_ok(p.dk, ko + tq * 2) && pair_ok(p.dv, vo + tq * 2)) {
 #pragma unroll
-        for (int t = 0; t < D / 8; t++)
+                    for (int t = 0; t < D / 8; t++) {
+                        const int d = t * 8 + tq * 2;
+                        *(al_u32 *)((al_u16 *)p.dk.ptr + ko + d) = al_pack2(ok ? acc1[t * 4 + 2 * r] * scale : 0.0f,
+                                                                            ok ? acc1[t * 4 + 2 * r + 1] * scale : 0.0f);
+                        *(al_u32 *)((al_u16 *)p.dv.ptr + vo + d) =
+                            al_pack2(ok ? acc0[t * 4 + 2 * r] : 0.0f, ok ? acc0[t * 4 + 2 * r + 1] : 0.0f);
+                    }
+                    continue;
+                }
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int d = t * 8 + tq * 2 + e;
-                al_st_elem(p.dq.ptr, p.dq.dtype, qo + d * p.dq.sc, ok ? acc0[t * 4 + 2 * r + e] * scale : 0.0f);
+                for (int t = 0; t < D / 8; t++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int d = t * 8 + tq * 2 + e;
+                        al_st_elem(p.dk.ptr, p.dk.dtype, ko + d * p.dk.sc, ok ? acc1[t * 4 + 2 * r + e] * scale : 0.0f);
+                        al_st_elem(p.dv.ptr, p.dv.dtype, vo + d * p.dv.sc, ok ? acc0[t * 4 + 2 * r + e] : 0.0f);
+                    }
+#else
+                if (row >= p.SQ || (p.q.sb == 0 && row >= s.q_len)) continue;
+                const int ok = row < s.q_len;
+                const long long qo = b * p.dq.sb + (q_start + row) * p.dq.st + (long long)h * p.dq.sh;
+                if (pair_ok(p.dq, qo + tq * 2)) {
+#pragma unroll
+                    for (int t = 0; t < D / 8; t++)
+                        *(al_u32 *)((al_u16 *)p.dq.ptr + qo + t * 8 + tq * 2) =
+                            al_pack2(ok ? acc0[t * 4 + 2 * r] * scale : 0.0f,
+                                     ok ? acc0[t * 4 + 2 * r + 1] * scale : 0.0f);
+                    continue;
+                }
+#pragma unroll
+                for (int t = 0; t < D / 8; t++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int d = t * 8 + tq * 2 + e;
+                        al_st_elem(p.dq.ptr, p.dq.dtype, qo + d * p.dq.sc, ok ? acc0[t * 4 + 2 * r + e] * scale : 0.0f);
+                    }
+#endif
             }
+        }
+#if AL_SM90_PERSIST
+        /* the item's own buffer back to the producer: the generic proxy's reads and writes of it ordered before the
+         * TMA (async proxy) loads of item it + 2 */
+        al_fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) al_mbar_arrive(OWN_E(ob));
+#else
+        break;
 #endif
     }
+#undef SO0
+#undef SO1
+#undef OWN_F
+#undef OWN_E
 #undef BAR_F
 #undef BAR_E
 }

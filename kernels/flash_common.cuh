@@ -316,6 +316,27 @@ AL_DEV void al_fl_cta_coords(int sched_hb, int heavy_high, int &x, int &y, int &
     z = hb / ny;
 }
 
+/* the coordinates of linear work index lin (x fastest) of an nx x ny x nz grid in the same order: the
+ * persistent Hopper backward (flash_bwd_sm90.cu, AL_SM90_PERSIST) walks its work items through it. (The
+ * grid's version above keeps its own copy of the arithmetic: routed through this one, the forward kernels'
+ * SASS changed.) */
+AL_DEV void al_fl_work_coords(int sched_hb, int heavy_high, int lin, int nx, int ny, int nz, int &x, int &y, int &z) {
+    if (sched_hb <= 0) {
+        x = lin % nx;
+        y = lin / nx % ny;
+        z = lin / nx / ny;
+        return;
+    }
+    const int hb0 = lin / (sched_hb * nx) * sched_hb;
+    const int n = min(sched_hb, ny * nz - hb0);
+    const int r = lin - hb0 * nx;
+    const int xi = r / n;
+    const int hb = hb0 + (r - xi * n);
+    x = heavy_high ? nx - 1 - xi : xi;
+    y = hb % ny;
+    z = hb / ny;
+}
+
 /* ---- masking: attention_internal.h's rule for one (i, j), i < q_len known ------------------------ */
 struct al_fl_seq {
     int b, h;

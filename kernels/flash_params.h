@@ -57,6 +57,9 @@ typedef struct al_flash_params {
                                             0 skip the tile, 1 evaluate mask_mod, 2 every element kept */
     long long bm_sb, bm_sh, bm_sm, bm_sn;   /* its strides in elements (0 on a broadcast b / h dim) */
     int bm_block_m, bm_block_n;          /* rows / columns of one block (multiples of the kernel tiles) */
+    /* last, so the other fields keep their offsets in the kernels' parameter bank */
+    int *sched_ctr;                      /* persistent Hopper backward (AL_SM90_PERSIST): [2] work counters of the
+                                            dK/dV and dQ kernels, zeroed before their launches */
 } al_flash_params;
 
 #endif /* ATTNLAB_FLASH_PARAMS_H */

@@ -643,6 +643,9 @@ static al_status fl_backward_inner(fl_ctx *c, const al_attn_plan *pl, const al_t
         const int fused = al_flash_sm90_bwd_fused(pl);
         prm.nsplit = fused ? 1 : 0;
         prm.dq_acc = NULL;
+        void *ctr = NULL;                            /* the persistent kernels' work counters (zeroed there) */
+        AL_TRY(fl_alloc(c, 2 * sizeof(int), &ctr));
+        prm.sched_ctr = (int *)ctr;
         if (fused) {
             AL_TRY(fl_alloc(c, 4 * rows * D, &acc));
             prm.dq_acc = (float *)acc;

@@ -325,12 +325,27 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
         if (pl->in.variant) AL_TRY(al_flash_variant_function(dev, &spec, pl->in.variant, 2 + role, &fn[role]));
         else AL_TRY(al_nvrtc_get(dev, al_flash_sm90_bwd_file(), NULL, optp, nopts, &name, 1, label, &fn[role]));
     }
-    /* role 0: (key blocks, kv heads, batch); role 1: (query blocks, heads, batch) */
-    const unsigned gx[2] = {(unsigned)((p->skv + tl.bm - 1) / tl.bm), (unsigned)((p->sq + tl.bm - 1) / tl.bm)};
-    const unsigned gy[2] = {(unsigned)p->hg, (unsigned)p->h};
+    /* role 0: (key blocks, kv heads, batch); role 1: (query blocks, heads, batch); persistent: a CTA per SM
+     * over those work items, from counters zeroed here (prm->sched_ctr, the caller's scratch) */
+    unsigned grid[2][3];
+    long long items[2];
+    int persist = 0;
+    for (int role = 0; role < 2; role++) {
+        const int kr = fused ? 2 : role;
+        items[role] = al_flash_sm90_bwd_grid(&spec, kr, p->b, p->h, p->hg, p->sq, p->skv, al_cu_sm_count[dev],
+                                             grid[role]);
+        persist |= al_flash_sm90_bwd_persist(&spec, kr);
+    }
+    if (persist) {
+        if (!prm->sched_ctr)
+            return al_error(AL_ERR_INTERNAL, "al_flash_sm90_backward: the persistent kernels need sched_ctr");
+        const CUresult r = cuMemsetD32Async((CUdeviceptr)prm->sched_ctr, 0, 2, (CUstream)s);
+        if (r != CUDA_SUCCESS)
+            return al_error(AL_ERR_CUDA, "zeroing the backward's work counters failed (CUresult %d)", (int)r);
+    }
     for (int role = 0; role < 2; role++) {
         if (fused && role == 1) break;
-        if (gx[role] == 0) continue;
+        if (items[role] == 0) continue;
         const int smem = al_flash_sm90_bwd_smem(&spec, fused ? 2 : role);
         CUresult r = cuFuncSetAttribute(fn[role], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
         al_flash_params prm_copy = *prm;
@@ -343,15 +358,16 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
         prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL, rows * per_row, role ? group : 1);
         void *args[] = {&prm_copy, &tm[role]};
         if (r == CUDA_SUCCESS)
-            r = cuLaunchKernel(fn[role], gx[role], gy[role], (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)smem,
-                               (CUstream)s, args, NULL);
+            r = cuLaunchKernel(fn[role], grid[role][0], grid[role][1], grid[role][2], (unsigned)tl.threads, 1, 1,
+                               (unsigned)smem, (CUstream)s, args, NULL);
         if (r != CUDA_SUCCESS) {
             const char *msg = NULL, *nm = NULL;
             cuGetErrorString(r, &msg);
             cuGetErrorName(r, &nm);
-            return al_error(AL_ERR_CUDA, "launching %s%s (grid %u x %u x %lld, %d threads, %d bytes of shared memory) "
-                            "failed: %s (%s)", al_flash_sm90_bwd_function(role), fused ? " (dK/dV/dQ)" : "", gx[role],
-                            gy[role], (long long)p->b, tl.threads, smem, msg ? msg : "?", nm ? nm : "?");
+            return al_error(AL_ERR_CUDA, "launching %s%s (grid %u x %u x %u, %d threads, %d bytes of shared memory) "
+                            "failed: %s (%s)", al_flash_sm90_bwd_function(role), fused ? " (dK/dV/dQ)" : "",
+                            grid[role][0], grid[role][1], grid[role][2], tl.threads, smem, msg ? msg : "?",
+                            nm ? nm : "?");
         }
         al_cu_note_launch(al_flash_sm90_bwd_function(role));
     }

@@ -108,10 +108,43 @@ static inline al_flash_sm90_tiles al_flash_sm90_bwd_tiles(const al_flash_spec *s
     if (s->variant && s->block_mask) t.smem += 2 * AL_FLASH_SM90_BWD_BM_LIST + 16;   /* the non-empty tile list */
     return t;
 }
-/* role 2 (dK/dV/dQ) adds two dS^T buffers of bm x bn 16-bit elements */
+/* The persistent schedule (-DAL_SM90_PERSIST=1, kernels/flash_bwd_sm90.cu): one CTA per SM walks the grid's
+ * work items, taking the next from a counter (al_flash_params.sched_ctr[role], zeroed before the launch), with
+ * the owned rows double-buffered so one item's loads and the previous one's gradient stores overlap. Default
+ * kernels of roles 0 and 1 (not variants: a block mask's tile list is built per CTA; not role 2);
+ * ATTNLAB_FLASH_SM90_PERSIST=0 launches the grid of work items instead (to compare). */
+static inline int al_flash_sm90_bwd_persist(const al_flash_spec *s, int role) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_PERSIST");
+    if (s->variant || role == 2) return 0;
+    if (e && strcmp(e, "0") == 0) return 0;
+    if (e && strcmp(e, "dq") == 0) return role == 1;
+    if (e && strcmp(e, "dkdv") == 0) return role == 0;
+    return 1;
+}
+/* role 2 (dK/dV/dQ) adds two dS^T buffers of bm x bn 16-bit elements; the persistent kernels a second set of
+ * owned rows */
 static inline int al_flash_sm90_bwd_smem(const al_flash_spec *s, int role) {
     const al_flash_sm90_tiles t = al_flash_sm90_bwd_tiles(s);
-    return t.smem + (role == 2 ? 2 * t.bm * t.bn * 2 : 0);
+    return t.smem + (role == 2 ? 2 * t.bm * t.bn * 2 : 0) +
+           (al_flash_sm90_bwd_persist(s, role) ? 2 * t.bm * s->d * 2 : 0);
+}
+/* the launch grid of role's kernel for B x H (HG kv heads) x SQ x SKV (thd: the longest sequence): (row blocks,
+ * heads, batch) = the work items, or persistent min(items, sms) CTAs (one per SM: the shared memory allows
+ * no second). Returns the number of work items. */
+static inline long long al_flash_sm90_bwd_grid(const al_flash_spec *s, int role, long long B, long long H, long long HG,
+                                               long long SQ, long long SKV, int sms, unsigned grid[3]) {
+    const al_flash_sm90_tiles t = al_flash_sm90_bwd_tiles(s);
+    const long long nx = ((role == 1 ? SQ : SKV) + t.bm - 1) / t.bm, ny = role == 1 ? H : HG;
+    const long long items = nx * ny * B;
+    if (al_flash_sm90_bwd_persist(s, role)) {
+        grid[0] = (unsigned)(items < sms ? items : sms);
+        grid[1] = grid[2] = 1;
+    } else {
+        grid[0] = (unsigned)nx;
+        grid[1] = (unsigned)ny;
+        grid[2] = (unsigned)B;
+    }
+    return items;
 }
 static inline const char *al_flash_sm90_bwd_file(void) { return "flash_bwd_sm90.cu"; }
 static inline const char *al_flash_sm90_bwd_function(int role) {
@@ -127,6 +160,7 @@ static inline int al_flash_sm90_bwd_options(const al_flash_spec *s, int role,
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BOTTOM_RIGHT=%d", s->bottom_right ? 1 : 0);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_ROLE=%d", role == 1 ? 1 : 0);
     if (role == 2) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_DQ_ATOMIC=1");
+    if (al_flash_sm90_bwd_persist(s, role)) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_PERSIST=1");
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BN=%d", t.bn);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_STAGES=%d", t.stages);
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);

@@ -180,13 +180,75 @@ static void compile_one(const al_flash_spec *s, const char *arch, int fam, const
     free(full);
 }
 
+/* 1 when the option list holds opt */
+static int has_opt(char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], int n, const char *opt) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(opts[i], opt) == 0) return 1;
+    return 0;
+}
+
+/* The Hopper backward's launch shapes (src/cuda/flash_sm90_specs.h; host arithmetic, no NVRTC): by default the
+ * dK/dV and dQ kernels of every shipped specialisation are persistent (-DAL_SM90_PERSIST=1) and their shared
+ * memory, the owned rows double-buffered, still fits sm_90's 227 KB opt-in limit; their grid is min(work items,
+ * SMs); variants and the dK/dV/dQ kernel (role 2) never are; ATTNLAB_FLASH_SM90_PERSIST=0 / dq / dkdv choose. */
+static void test_bwd_launch_shapes(void) {
+    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
+    unsetenv("ATTNLAB_FLASH_SM90_PERSIST");
+    for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
+        al_flash_spec s;
+        int role;
+        al_flash_sm90_bwd_at(i, &s, &role);
+        const int n = al_flash_sm90_bwd_options(&s, role, opts), persist = al_flash_sm90_bwd_persist(&s, role);
+        const int smem = al_flash_sm90_bwd_smem(&s, role);
+        CHECK(persist == (role != 2), "spec %d role %d: persistent %d", i, role, persist);
+        CHECK(has_opt(opts, n, "-DAL_SM90_PERSIST=1") == persist, "spec %d role %d: the option list and the schedule "
+              "disagree", i, role);
+        CHECK(smem <= 227 * 1024, "spec %d role %d (d %d): %d bytes of shared memory, over sm_90's 232448", i, role,
+              s.d, smem);
+        if (persist) {
+            setenv("ATTNLAB_FLASH_SM90_PERSIST", "0", 1);
+            const int plain = al_flash_sm90_bwd_smem(&s, role);
+            unsetenv("ATTNLAB_FLASH_SM90_PERSIST");
+            CHECK(smem - plain == 2 * 128 * s.d * 2, "spec %d role %d: the second set of owned rows takes %d bytes, "
+                  "expected %d", i, role, smem - plain, 2 * 128 * s.d * 2);
+        }
+        al_flash_spec v = s;   /* a variant of it: never persistent (its block-mask list is per CTA) */
+        v.variant = 1;
+        CHECK(!al_flash_sm90_bwd_persist(&v, role), "spec %d role %d: a variant persistent", i, role);
+    }
+    al_flash_spec s;
+    int role;
+    al_flash_sm90_bwd_at(0, &s, &role);
+    unsigned g[3];
+    /* dK/dV: batch 4 x 16 kv heads x 4096 keys / 128 = 2048 work items on 132 SMs */
+    long long items = al_flash_sm90_bwd_grid(&s, 0, 4, 16, 16, 4096, 4096, 132, g);
+    CHECK(items == 2048 && g[0] == 132 && g[1] == 1 && g[2] == 1, "persistent dK/dV: %lld items, grid %u %u %u", items,
+          g[0], g[1], g[2]);
+    items = al_flash_sm90_bwd_grid(&s, 1, 1, 2, 1, 200, 77, 132, g);   /* dQ: 2 heads x 2 query blocks */
+    CHECK(items == 4 && g[0] == 4 && g[1] == 1 && g[2] == 1, "persistent dQ, few items: %lld, grid %u %u %u", items,
+          g[0], g[1], g[2]);
+    setenv("ATTNLAB_FLASH_SM90_PERSIST", "0", 1);
+    items = al_flash_sm90_bwd_grid(&s, 0, 4, 16, 8, 1000, 4096, 132, g);   /* the work grid: (32, 8, 4) */
+    CHECK(items == 1024 && g[0] == 32 && g[1] == 8 && g[2] == 4, "ATTNLAB_FLASH_SM90_PERSIST=0 dK/dV: %lld items, grid "
+          "%u %u %u", items, g[0], g[1], g[2]);
+    int n = al_flash_sm90_bwd_options(&s, 0, opts);
+    CHECK(!has_opt(opts, n, "-DAL_SM90_PERSIST=1"), "ATTNLAB_FLASH_SM90_PERSIST=0 still compiles the persistent kernel");
+    setenv("ATTNLAB_FLASH_SM90_PERSIST", "dq", 1);
+    CHECK(!al_flash_sm90_bwd_persist(&s, 0) && al_flash_sm90_bwd_persist(&s, 1), "ATTNLAB_FLASH_SM90_PERSIST=dq");
+    setenv("ATTNLAB_FLASH_SM90_PERSIST", "dkdv", 1);
+    CHECK(al_flash_sm90_bwd_persist(&s, 0) && !al_flash_sm90_bwd_persist(&s, 1), "ATTNLAB_FLASH_SM90_PERSIST=dkdv");
+    unsetenv("ATTNLAB_FLASH_SM90_PERSIST");
+}
+
 int main(void) {
+    RUN(test_bwd_launch_shapes);
     char why[512];
     if (!nvrtc_load(&nv, why, sizeof why)) {
         /* missing library: skipped; a library without an entry point: a failure */
         int broken = strstr(why, "lacks") != NULL;
-        printf("c-test nvrtc_kernels: 0 passed, %d failed, %d skipped (%s)\n", broken, !broken, why);
-        return broken;
+        printf("c-test nvrtc_kernels: %d passed, %d failed, %d skipped (%s)\n", t_passed, t_failed + broken, !broken,
+               why);
+        return broken || t_failed;
     }
     int major = 0, minor = 0;
     nv.version(&major, &minor);

@@ -122,6 +122,7 @@ __global__ void o_to16(al_flash_params p, int bf16, int D, const float *o_ref) {
 struct Bwd {
     void *dout, *o, *dq, *dk, *dv;
     float *lse2, *dsum, *dsum_ref, *dq_ref, *dk_ref, *dv_ref;
+    int *ctr;                                          /* the persistent kernels' work counters */
     long long nk;
 };
 
@@ -140,6 +141,7 @@ static void bwd_make(Problem &P, Bwd &W) {
     CK(cudaMemset(W.dk, 0, nk * 2)); CK(cudaMemset(W.dv, 0, nk * 2));
     CK(cudaMalloc(&W.lse2, nl * 4)); CK(cudaMalloc(&W.dsum, nl * 4)); CK(cudaMalloc(&W.dsum_ref, nl * 4));
     CK(cudaMalloc(&W.dq_ref, nl * c.D * 4));
+    CK(cudaMalloc(&W.ctr, 2 * sizeof(int)));
     const long long nkl = (long long)c.B * c.HG * c.SKV * c.D;
     CK(cudaMalloc(&W.dk_ref, nkl * 4)); CK(cudaMalloc(&W.dv_ref, nkl * 4));
     al_flash_params &p = P.prm;
@@ -152,13 +154,17 @@ static void bwd_make(Problem &P, Bwd &W) {
     p.lse_dtype = AL_FLASH_DT_F32;
     p.lse_sb = (long long)c.H * c.SQ; p.lse_sh = c.SQ; p.lse_si = 1;
     p.lse2 = W.lse2; p.dsum = W.dsum;
+    p.sched_ctr = W.ctr;
     p.dq_acc = NULL; p.nsplit = 0;                     /* the Hopper dQ kernel writes dq itself */
 }
 
 static void bwd_free(Bwd &W) {
     cudaFree(W.dout); cudaFree(W.o); cudaFree(W.dq); cudaFree(W.dk); cudaFree(W.dv);
     cudaFree(W.lse2); cudaFree(W.dsum); cudaFree(W.dsum_ref); cudaFree(W.dq_ref); cudaFree(W.dk_ref); cudaFree(W.dv_ref);
+    cudaFree(W.ctr);
 }
+
+static int g_sms = 132;   /* the device's SMs: the persistent kernels' grid (main reads it) */
 
 /* the three kernels of one backward, as the backend launches them; which: 1 pre, 2 dK/dV, 4 dQ (a mask) */
 static void run_bwd(Problem &P, int which, int verbose) {
@@ -177,6 +183,9 @@ static void run_bwd(Problem &P, int which, int verbose) {
         CU(cuLaunchKernel(f, (unsigned)((rows * (c.D / 8) + 255) / 256), 1, 1, 256, 1, 1, 0, 0, args, NULL));
     }
     const al_flash_sm90_tiles t = al_flash_sm90_bwd_tiles(&s);
+    /* the persistent kernels' work counters, zeroed once before both launches (as the backend) */
+    if ((which & 6) && (al_flash_sm90_bwd_persist(&s, 0) || al_flash_sm90_bwd_persist(&s, 1)))
+        CK(cudaMemsetAsync(prm.sched_ctr, 0, 2 * sizeof(int), 0));
     for (int role = 0; role < 2; role++) {
         if (!(which & (2 << role))) continue;
         const int n = al_flash_sm90_bwd_options(&s, role, opts);
@@ -190,9 +199,10 @@ static void run_bwd(Problem &P, int which, int verbose) {
          * pairs' tiles fit in L2, as at every shape here), times the GQA group in the dQ kernel */
         al_flash_params pr = prm;
         pr.sched_hb = c.mask == 1 ? 4 * (role ? c.H / c.HG : 1) : 0;
-        const unsigned gx = (unsigned)(((role ? c.SQ : c.SKV) + t.bm - 1) / t.bm), gy = (unsigned)(role ? c.H : c.HG);
+        unsigned grid[3];
+        const long long items = al_flash_sm90_bwd_grid(&s, role, c.B, c.H, c.HG, c.SQ, c.SKV, g_sms, grid);
         void *args[] = {&pr, &tm};
-        if (gx) CU(cuLaunchKernel(f, gx, gy, c.B, t.threads, 1, 1, smem, 0, args, NULL));
+        if (items) CU(cuLaunchKernel(f, grid[0], grid[1], grid[2], t.threads, 1, 1, smem, 0, args, NULL));
     }
 }
 
@@ -328,6 +338,7 @@ int main(void) {
     const char *only = getenv("FLASH_SM90_ONLY");
     const int ready = gpu_ready("flash_sm90_bwd_check");
     if (ready) return ready < 0 ? 0 : ready;
+    CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
     int fails = 0;
     if (!only || strcmp(only, "bench") != 0) {
         /* B H HG SQ SKV D mask br thd bf16 wl wr */
@@ -353,6 +364,8 @@ int main(void) {
         fails = run_cases("flash_sm90_bwd_check", cases, (int)(sizeof cases / sizeof cases[0]), check_case);
     }
     if (!only || strcmp(only, "check") != 0) {
+        bench_case(2, 16, 4096, 128, 0);                /* scripts/flash_ab.lua's shape */
+        bench_case(2, 16, 4096, 128, 1);
         bench_case(4, 16, 4096, 128, 0);
         bench_case(4, 16, 4096, 128, 1);
         bench_case(2, 16, 8192, 128, 0);
