@@ -437,6 +437,12 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             al_mbar_init(BAR_E(i), 4 * NC);   /* lane 0 of every consumer warp */
         }
         al_mbar_init_fence();
+#if AL_SM90_ROLE == 0 && !AL_SM90_DQ_ATOMIC
+        /* the dQ kernel, launched next with programmatic stream serialisation (the host's
+         * al_flash_sm90_bwd_pdl), may start its CTAs on the SMs this grid frees at its end: it reads nothing
+         * this kernel writes (dQ recomputes S and dP), and waits for this grid before it exits (below) */
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
     }
 #if AL_BLOCK_MASK
     /* the list after the barriers (the host's smem size counts 2 AL_SM90_BM_LIST + 16 bytes for it; the host
@@ -579,6 +585,11 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         }
 #if B90_STAGE_COLS
         asm volatile("cp.async.wait_all;\n" ::: "memory");   /* no copy outlives its warp */
+#endif
+#if AL_SM90_ROLE == 1
+        /* launched beside the dK/dV kernel's end (programmatic stream serialisation), this grid completes only
+         * after that one: so work queued after the backward sees dK and dV written (a no-op otherwise) */
+        if (lane == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
         return;
     }

@@ -357,9 +357,26 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
         const double rows = role ? (double)rows_kv / (thd ? p->b : 1) : (double)group * rows_q / (thd ? p->b : 1);
         prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL, rows * per_row, role ? group : 1);
         void *args[] = {&prm_copy, &tm[role]};
-        if (r == CUDA_SUCCESS)
-            r = cuLaunchKernel(fn[role], grid[role][0], grid[role][1], grid[role][2], (unsigned)tl.threads, 1, 1,
-                               (unsigned)smem, (CUstream)s, args, NULL);
+        if (r == CUDA_SUCCESS) {
+            CUlaunchConfig cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.gridDimX = grid[role][0];
+            cfg.gridDimY = grid[role][1];
+            cfg.gridDimZ = grid[role][2];
+            cfg.blockDimX = (unsigned)tl.threads;
+            cfg.blockDimY = cfg.blockDimZ = 1;
+            cfg.sharedMemBytes = (unsigned)smem;
+            cfg.hStream = (CUstream)s;
+            CUlaunchAttribute at;
+            memset(&at, 0, sizeof at);
+            at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            at.value.programmaticStreamSerializationAllowed = 1;
+            if (role == 1 && al_flash_sm90_bwd_pdl()) {   /* beside the dK/dV kernel's end (al_flash_sm90_bwd_pdl) */
+                cfg.attrs = &at;
+                cfg.numAttrs = 1;
+            }
+            r = cuLaunchKernelEx(&cfg, fn[role], args, NULL);
+        }
         if (r != CUDA_SUCCESS) {
             const char *msg = NULL, *nm = NULL;
             cuGetErrorString(r, &msg);

@@ -121,6 +121,14 @@ static inline int al_flash_sm90_bwd_persist(const al_flash_spec *s, int role) {
     if (e && strcmp(e, "dkdv") == 0) return role == 0;
     return 1;
 }
+/* The dQ kernel (role 1) is launched with programmatic stream serialisation after the dK/dV kernel: its CTAs may
+ * start on the SMs the dK/dV kernel frees at its end (the two read the same inputs and write disjoint
+ * gradients; the dQ kernel's grid completes only after the dK/dV one's). ATTNLAB_FLASH_SM90_PDL=0: a plain
+ * launch (to compare). */
+static inline int al_flash_sm90_bwd_pdl(void) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_PDL");
+    return !(e && strcmp(e, "0") == 0);
+}
 /* role 2 (dK/dV/dQ) adds two dS^T buffers of bm x bn 16-bit elements; the persistent kernels a second set of
  * owned rows */
 static inline int al_flash_sm90_bwd_smem(const al_flash_spec *s, int role) {

@@ -190,7 +190,8 @@ static int has_opt(char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], int n, const 
 /* The Hopper backward's launch shapes (src/cuda/flash_sm90_specs.h; host arithmetic, no NVRTC): by default the
  * dK/dV and dQ kernels of every shipped specialisation are persistent (-DAL_SM90_PERSIST=1) and their shared
  * memory, the owned rows double-buffered, still fits sm_90's 227 KB opt-in limit; their grid is min(work items,
- * SMs); variants and the dK/dV/dQ kernel (role 2) never are; ATTNLAB_FLASH_SM90_PERSIST=0 / dq / dkdv choose. */
+ * SMs); variants and the dK/dV/dQ kernel (role 2) never are; ATTNLAB_FLASH_SM90_PERSIST=0 / dq / dkdv choose;
+ * ATTNLAB_FLASH_SM90_PDL=0 launches the dQ kernel without programmatic stream serialisation. */
 static void test_bwd_launch_shapes(void) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
     unsetenv("ATTNLAB_FLASH_SM90_PERSIST");
@@ -238,6 +239,12 @@ static void test_bwd_launch_shapes(void) {
     setenv("ATTNLAB_FLASH_SM90_PERSIST", "dkdv", 1);
     CHECK(al_flash_sm90_bwd_persist(&s, 0) && !al_flash_sm90_bwd_persist(&s, 1), "ATTNLAB_FLASH_SM90_PERSIST=dkdv");
     unsetenv("ATTNLAB_FLASH_SM90_PERSIST");
+    /* the dQ kernel beside the dK/dV kernel's end: on by default, ATTNLAB_FLASH_SM90_PDL=0 turns it off */
+    unsetenv("ATTNLAB_FLASH_SM90_PDL");
+    CHECK(al_flash_sm90_bwd_pdl(), "programmatic dependent launch off by default");
+    setenv("ATTNLAB_FLASH_SM90_PDL", "0", 1);
+    CHECK(!al_flash_sm90_bwd_pdl(), "ATTNLAB_FLASH_SM90_PDL=0 ignored");
+    unsetenv("ATTNLAB_FLASH_SM90_PDL");
 }
 
 int main(void) {

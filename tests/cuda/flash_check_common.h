@@ -26,19 +26,21 @@
  * below refer to these pointers, in this file and in flash_sm90_tma.h. */
 #define DRV(name) static decltype(&::name) p_##name;
 DRV(cuModuleLoadData) DRV(cuModuleGetFunction) DRV(cuFuncSetAttribute) DRV(cuLaunchKernel)
-DRV(cuTensorMapEncodeTiled) DRV(cuGetErrorName)
+DRV(cuTensorMapEncodeTiled) DRV(cuGetErrorName) DRV(cuLaunchKernelEx)
 #define cuModuleLoadData p_cuModuleLoadData
 #define cuModuleGetFunction p_cuModuleGetFunction
 #define cuFuncSetAttribute p_cuFuncSetAttribute
 #define cuLaunchKernel p_cuLaunchKernel
 #define cuTensorMapEncodeTiled p_cuTensorMapEncodeTiled
 #define cuGetErrorName p_cuGetErrorName
+#define cuLaunchKernelEx p_cuLaunchKernelEx
 
 static int load_driver(void) {
     struct { const char *name; void **fn; } t[] = {
         {"cuModuleLoadData", (void **)&p_cuModuleLoadData}, {"cuModuleGetFunction", (void **)&p_cuModuleGetFunction},
         {"cuFuncSetAttribute", (void **)&p_cuFuncSetAttribute}, {"cuLaunchKernel", (void **)&p_cuLaunchKernel},
-        {"cuTensorMapEncodeTiled", (void **)&p_cuTensorMapEncodeTiled}, {"cuGetErrorName", (void **)&p_cuGetErrorName}};
+        {"cuTensorMapEncodeTiled", (void **)&p_cuTensorMapEncodeTiled}, {"cuGetErrorName", (void **)&p_cuGetErrorName},
+        {"cuLaunchKernelEx", (void **)&p_cuLaunchKernelEx}};
     for (auto &e : t) {
         cudaDriverEntryPointQueryResult q;
         if (cudaGetDriverEntryPointByVersion(e.name, e.fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||

@@ -183,7 +183,8 @@ static void run_bwd(Problem &P, int which, int verbose) {
         CU(cuLaunchKernel(f, (unsigned)((rows * (c.D / 8) + 255) / 256), 1, 1, 256, 1, 1, 0, 0, args, NULL));
     }
     const al_flash_sm90_tiles t = al_flash_sm90_bwd_tiles(&s);
-    /* the persistent kernels' work counters, zeroed once before both launches (as the backend) */
+    /* the persistent kernels' work counters, zeroed once before both launches (as the backend: a memset between
+     * them would also keep the dQ kernel from starting beside the dK/dV kernel's end) */
     if ((which & 6) && (al_flash_sm90_bwd_persist(&s, 0) || al_flash_sm90_bwd_persist(&s, 1)))
         CK(cudaMemsetAsync(prm.sched_ctr, 0, 2 * sizeof(int), 0));
     for (int role = 0; role < 2; role++) {
@@ -202,7 +203,18 @@ static void run_bwd(Problem &P, int which, int verbose) {
         unsigned grid[3];
         const long long items = al_flash_sm90_bwd_grid(&s, role, c.B, c.H, c.HG, c.SQ, c.SKV, g_sms, grid);
         void *args[] = {&pr, &tm};
-        if (items) CU(cuLaunchKernel(f, grid[0], grid[1], grid[2], t.threads, 1, 1, smem, 0, args, NULL));
+        if (!items) continue;
+        CUlaunchConfig cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.gridDimX = grid[0]; cfg.gridDimY = grid[1]; cfg.gridDimZ = grid[2];
+        cfg.blockDimX = t.threads; cfg.blockDimY = cfg.blockDimZ = 1;
+        cfg.sharedMemBytes = smem;
+        CUlaunchAttribute at;
+        memset(&at, 0, sizeof at);
+        at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at.value.programmaticStreamSerializationAllowed = 1;
+        if (role == 1 && al_flash_sm90_bwd_pdl()) { cfg.attrs = &at; cfg.numAttrs = 1; }   /* as the backend */
+        CU(cuLaunchKernelEx(&cfg, f, args, NULL));
     }
 }
 
