@@ -227,6 +227,7 @@ AL_DEV void b90_ss(float *acc, al_u32 own, al_u32 tile) {
     }
 }
 
+#if B90_SLICED
 /* acc[64 x D] += A (16-bit fragments of a 64 x BN accumulator) * tile (BN x D, MN-major), k-steps [k0, k1) */
 AL_DEV void b90_rs_part(float *acc, const al_u32 (*pa)[4], al_u32 tile, int k0, int k1) {
     using namespace b90;
@@ -234,6 +235,7 @@ AL_DEV void b90_rs_part(float *acc, const al_u32 (*pa)[4], al_u32 tile, int k0, 
 #pragma unroll
     for (int kk = k0; kk < k1; kk++) AL_WG_RS_D(acc, pa[kk], al_desc_off(d0, kk * (16 * 128)));
 }
+#endif
 
 /* acc[64 x D] += A (16-bit fragments of a 64 x BN accumulator) * tile (BN x D, MN-major) */
 AL_DEV void b90_rs(float *acc, const al_u32 (*pa)[4], al_u32 tile) {
@@ -396,7 +398,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x;
     const int wg = tid >> 7;
-    const int group = p.H / p.HG;
+    const int group = p.H / p.HG;                    /* q heads per kv head (role 1 reads it in b90_work_make) */
+    (void)group;
 #if AL_SM90_PERSIST
     /* the work list: every (row block, head, batch) in the launch order of p.sched_hb, handed out one item at a
      * time by the counter p.sched_ctr[role] (a CTA takes the next when it starts one) */
@@ -621,6 +624,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         const al_fl_seq &s = w.s;
         const int b = w.b, hk = w.hk, h = w.h, own0 = w.own0, t_lo = w.t_lo, ntile = w.ntile, nstream = w.nstream;
         const long long q_start = w.q_start, kv_start = w.kv_start;
+        (void)hk;
         (void)h;
         (void)ntile;
         (void)q_start;
@@ -652,7 +656,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if AL_SM90_ROLE == 0
             const int hq = hk * group + B90_TILE_OF(j) / ntile;
             const int c0 = (t_lo + B90_TILE_OF(j) % ntile) * BN;   /* first query column of the tile */
-            const long long lrow = ((long long)b * p.H + hq) * p.SQ;
+            const long long lrow = ((long long)b * p.H + hq) * p.SQ;   /* the sliced path's and dQ atomics' */
+            (void)lrow;
 #else
             const int c0 = (t_lo + B90_TILE_OF(j)) * BN;   /* first key column */
 #endif
