@@ -391,6 +391,14 @@ AL_DEV b90_work b90_work_make(const al_flash_params &p, int bx, int hy, int b) {
 #endif
     return w;
 }
+#if AL_SM90_PERSIST
+/* work item lin of the nx x ny x B list, in the launch order (the persistent kernels' producer and consumers) */
+AL_DEV b90_work b90_work_at(const al_flash_params &p, int lin, int nx, int ny) {
+    int x, y, z;
+    al_fl_work_coords(B90_SCHED ? p.sched_hb : 0, AL_SM90_ROLE == 1, lin, nx, ny, p.B, x, y, z);
+    return b90_work_make(p, x, y, z);
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     B90_NAME(const __grid_constant__ al_flash_params p, const __grid_constant__ al_sm90_bwd_tmaps tm) {
@@ -502,11 +510,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                 if (lane == 0) al_mbar_arrive(OWN_F(ob));   /* the end of the list */
                 break;
             }
-            {
-                int x, y, z;
-                al_fl_work_coords(B90_SCHED ? p.sched_hb : 0, AL_SM90_ROLE == 1, lin, nx, ny, p.B, x, y, z);
-                w = b90_work_make(p, x, y, z);
-            }
+            w = b90_work_at(p, lin, nx, ny);
 #endif
             const al_fl_seq &s = w.s;
             const int b = w.b, hk = w.hk, h = w.h, own0 = w.own0, t_lo = w.t_lo, ntile = w.ntile, nstream = w.nstream;
@@ -616,9 +620,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
         {
             const int lin = s_item[ob];
             if (lin >= nwork) break;                     /* the end of the list */
-            int x, y, z;
-            al_fl_work_coords(B90_SCHED ? p.sched_hb : 0, AL_SM90_ROLE == 1, lin, nx, ny, p.B, x, y, z);
-            w = b90_work_make(p, x, y, z);
+            w = b90_work_at(p, lin, nx, ny);
         }
 #endif
         const al_fl_seq &s = w.s;
