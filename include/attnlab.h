@@ -516,6 +516,14 @@ typedef struct al_attn_variant {
      * score). */
     const char *score_pre;
     double score_post;
+    /* Optional bounds of the new logit over every input, score_lo <= score_mod(...) <= score_hi (the Lua front end
+     * proves them by interval arithmetic over the traced expression: soft-capping c tanh(score / c) lies in
+     * [-c, c]); score_bounded = 0: none given. Where score_hi - score_lo <= 64, the flash backend's Hopper forward
+     * (bf16) takes score_hi as every row's softmax max instead of a running one: no max reduction and no rescaling
+     * of the output, and the exponentials, at least e^-64, stay normal numbers. The caller vouches for them: a
+     * logit above score_hi would overflow the exponentials. */
+    int32_t score_bounded;
+    double score_lo, score_hi;
 } al_attn_variant;
 
 /* Tensor arguments (NULL = absent). */

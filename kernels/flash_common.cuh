@@ -30,6 +30,9 @@
  *       (one FFMA per element, as without a hook): soft-capping costs one FMUL and a tanh per score
  *       instead of four FMULs and a tanh. Defined only beside AL_SCORE_MOD (attention.c checks). The
  *       backward kernels ignore it where AL_SCORE_MOD_GRAD is defined (AL_FL_BACKWARD, below).
+ *   AL_SCORE_MOD_MAX (a float literal): an upper bound of AL_SCORE_MOD's value over every input, at most 64 above
+ *       its lower bound (the host defines it only then: al_flash_hooks_of). The Hopper forward at bf16 takes it as
+ *       every row's softmax max (AL_FL_FIXED_MAX in flash_fwd_sm90.cu); the other kernels ignore it.
  *   AL_EX2_FMA_EVERY k (0 or unset = off): the Hopper forward computes the exponentials of every k-th
  *       n8 column group of its score tiles with al_ex2_fma (FMA pipe) instead of ex2.approx (MUFU), so
  *       that a score_mod with its own MUFU operation (tanh, exp, log, sqrt) leaves the multi-function
@@ -198,18 +201,20 @@ AL_DEV float al_ex2(float x) {
 /* 2^x on the FMA pipe instead of the multi-function unit (FlashAttention-4's trick): x = n + f with n an
  * integer (rounded by adding 1.5 * 2^23, whose low mantissa bits then hold n) and |f| <= 1/2, 2^f by a
  * degree-5 polynomial (fitted for relative error; 2.2e-7 at most in f32, as ex2.approx's 2^-22.5), and n
- * added to its exponent field. x is clamped at -126 first (2^-126 is 0 for the softmax; -inf, a masked
- * score, would give NaN): 12 instructions on the FMA and integer pipes for one MUFU operation. */
+ * added to its exponent field. x is clamped at -126 for the arithmetic (-inf, a masked score, would give
+ * NaN) and the result is 0 below it: 14 instructions on the FMA and integer pipes for one MUFU operation. */
 AL_DEV float al_ex2_fma(float x) {
-    x = fmaxf(x, -126.0f);
-    const float j = x + 12582912.0f;
-    const float f = x - (j - 12582912.0f);
+    const float xc = fmaxf(x, -126.0f);
+    const float j = xc + 12582912.0f;
+    const float f = xc - (j - 12582912.0f);
     float p = fmaf(1.326697064e-03f, f, 9.675459936e-03f);
     p = fmaf(p, f, 5.550742522e-02f);
     p = fmaf(p, f, 2.402212173e-01f);
     p = fmaf(p, f, 6.931469440e-01f);
     p = fmaf(p, f, 1.000000119e+00f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
+    /* below 2^-126 (a masked score's -inf included) the result is 0, as ex2.approx.ftz's: with the clamp alone
+     * it was 2^-126, so a row whose every score is masked got l > 0 (output: a mean of V rows, not 0) */
+    return x < -126.0f ? 0.0f : __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
 }
 
 /* two floats -> one register of two 16-bit values (lo in the low half), round to nearest even */

@@ -16,7 +16,8 @@
  *   log2 e is the exponent's multiplier (in place of the folded scale * log2 e); mask_mod masks every
  *   tile that is not a full (2) block; 0 blocks are neither loaded nor computed: warp 0 first compacts
  *   the Q block's row of the block mask into a list of non-empty tiles in shared memory (at most
- *   AL_SM90_BM_LIST), which the producer and the consumers walk.
+ *   AL_SM90_BM_LIST), which the producer and the consumers walk. AL_SCORE_MOD_MAX (a bounded logit,
+ *   bf16): every row's max is that bound, no running max (AL_FL_FIXED_MAX below).
  *   Not here (the host sends it to kernels/flash_fwd.cu): ALiBi.
  * Check / bench: tests/cuda/flash_sm90_check.cu (against the stage-1 kernel and a naive reference).
  *
@@ -74,6 +75,17 @@
 #endif
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on key tiles per Q block)"
+#endif
+/* AL_FL_FIXED_MAX: a score_mod whose value is bounded (AL_SCORE_MOD_MAX, the host's proof by interval arithmetic:
+ * soft-capping at c lies in [-c, c], and the bounds are at most 64 apart) takes that bound as every row's max
+ * instead of a running one: no max over the tile, no shuffles, no correction exponentials and no rescaling of o,
+ * so each score goes straight from its hook to its exponential. Every exponential is then between e^-64 and 1 (a
+ * logit at the bound), a normal number in f32 and in bf16 (8 exponent bits) alike; not at f16, whose P (5
+ * exponent bits) would flush such values to zero, so f16 keeps the running max. */
+#if AL_HAS_SCORE_MOD && defined(AL_SCORE_MOD_MAX) && AL_BF16
+#define AL_FL_FIXED_MAX 1
+#else
+#define AL_FL_FIXED_MAX 0
 #endif
 
 namespace f90 {
@@ -261,7 +273,11 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+#if AL_FL_FIXED_MAX
+    float m_run[2] = {AL_SCORE_MOD_MAX * AL_LOG2E, AL_SCORE_MOD_MAX * AL_LOG2E};   /* the fixed max, log2 units */
+#else
     float m_run[2] = {AL_NEG_INF, AL_NEG_INF};   /* running max, log2 units (scaled) */
+#endif
     float l_run[2] = {0.0f, 0.0f};               /* this thread's part of the row sums */
     /* the multiplier from the tile's values to log2-unit logits: without score_mod they are the raw q.k
      * products (scale * log2 e), with it the hook's value before its constant factor (al_fl_mod_pre) */
@@ -343,13 +359,16 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
                     if (!al_fl_valid(s, r0 + ((e >> 1) << 3), n0 + t * 8 + tq * 2 + (e & 1), mod_on))
                         sc[t * 4 + e] = AL_NEG_INF;
         }
+        float nbase[2];
+#if AL_FL_FIXED_MAX
+        nbase[0] = nbase[1] = -m_run[0];         /* corr stays 1 */
+#else
         float mx[2] = {AL_NEG_INF, AL_NEG_INF};
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
             mx[0] = fmaxf(mx[0], fmaxf(sc[t * 4 + 0], sc[t * 4 + 1]));
             mx[1] = fmaxf(mx[1], fmaxf(sc[t * 4 + 2], sc[t * 4 + 3]));
         }
-        float nbase[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -361,6 +380,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             m_run[r] = m_new;
             l_run[r] *= corr[r];
         }
+#endif
 #pragma unroll
         for (int t = 0; t < BN / 8; t++) {
 #if AL_EX2_FMA_EVERY > 0
@@ -386,6 +406,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     /* o rescaled by the last softmax's correction (not while an O product is in flight: it writes o
      * asynchronously) */
     auto rescale = [&]() {
+        if (AL_FL_FIXED_MAX) return;             /* corr is 1 */
 #pragma unroll
         for (int t = 0; t < D / 8; t++) {
             o[t * 4 + 0] *= corr[0];

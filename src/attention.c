@@ -324,6 +324,12 @@ static al_status check_variant(al_attn_plan *pl) {
     if (v->score_pre && !((float)v->score_post > 0 && isfinite((float)(v->score_post * 1.4426950408889634))))
         return al_error(AL_ERR_ARG, "attention: variant.score_post: expected a finite constant > 0 (an f32 number), "
                         "given %g", v->score_post);
+    if (v->score_bounded && !v->score_mod)
+        return al_error(AL_ERR_ARG, "attention: variant.score_bounded: expected score_mod beside it (the bounds are the "
+                        "new logit's), given score_bounded = %d alone", (int)v->score_bounded);
+    if (v->score_bounded && !(isfinite(v->score_lo) && isfinite(v->score_hi) && v->score_lo <= v->score_hi))
+        return al_error(AL_ERR_ARG, "attention: variant.score_lo / score_hi: expected finite bounds with score_lo <= "
+                        "score_hi, given [%g, %g]", v->score_lo, v->score_hi);
     if (v->ncaptures < 0 || v->ncaptures > AL_ATTN_VARIANT_MAX_CAPTURES)
         return al_error(AL_ERR_ARG, "attention: variant.ncaptures: expected 0..%d, given %d", AL_ATTN_VARIANT_MAX_CAPTURES,
                         v->ncaptures);

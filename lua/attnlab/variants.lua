@@ -997,6 +997,8 @@ function Variant:_derive()
   end
 end
 
+local score_bounds   -- (below, beside the interval arithmetic of block masks)
+
 function Variant:_generate()
   local uses = {}
   local caps = self.captures
@@ -1016,6 +1018,7 @@ function Variant:_generate()
       self.cuda_score_pre, self.score_post = gen_cuda(r, caps, uses, true), post
     end
     if cval(self.dscore) ~= 1 then self.cuda_score_grad = gen_cuda(self.score_grad_root, caps, uses) end
+    self.score_lo, self.score_hi = score_bounds(self.score_root)
   end
   if self.mask_root then
     local t = truth(self.mask_root)
@@ -1042,7 +1045,7 @@ function Variant:mask_uses(name) return self.mask_root ~= nil and uses_var(self.
 function Variant:source()
   return { score_mod = self.cuda_score_mod, score_grad = self.cuda_score_grad, mask_mod = self.cuda_mask_mod,
     capture_grad = self.cuda_capture_grad, prelude = self.cuda_prelude, score_pre = self.cuda_score_pre,
-    score_post = self.cuda_score_pre and self.score_post or nil }
+    score_post = self.cuda_score_pre and self.score_post or nil, score_lo = self.score_lo, score_hi = self.score_hi }
 end
 
 function Variant:__tostring()
@@ -1281,6 +1284,26 @@ local function interval(root, box, caps_range)
   return I(root)
 end
 M._interval = interval
+
+-- score_bounds(root): lo, hi with lo <= the new logit <= hi for every input, or nil when the interval arithmetic
+-- cannot bound it. The C side gets them as al_attn_variant.score_lo / score_hi: the Hopper forward then uses hi as a
+-- fixed softmax max where hi - lo <= 64 (soft-capping at c: [-c, c]). A capture read leaves the logit unbounded
+-- here: a capture's values are data, which may change after the variant is built.
+score_bounds = function(root)
+  local loads = false
+  local seen = {}
+  local function walk(n)
+    if seen[n] then return end
+    seen[n] = true
+    if n.op == "load" then loads = true end
+    for _, x in ipairs(n.args) do walk(x) end
+  end
+  walk(root)
+  if loads then return nil end
+  local lo, hi = interval(root, {}, {})
+  if lo > -huge and hi < huge then return lo, hi end
+  return nil
+end
 
 local BlockMask = {}
 BlockMask.__index = BlockMask

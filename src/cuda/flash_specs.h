@@ -127,11 +127,25 @@ static inline unsigned long long al_flash_fnv64(unsigned long long h, const char
 
 /* A variant's hook snippets, as al_attn_variant holds them (NULL = the hook's default; contract in
  * kernels/flash_common.cuh). score_pre / score_post: the optional folded form of score_mod (new logit =
- * score_pre(acc, scale, ...) * score_post, score_post a constant > 0; 0 when score_pre is NULL). */
+ * score_pre(acc, scale, ...) * score_post, score_post a constant > 0; 0 when score_pre is NULL).
+ * fixed_max = 1: score_max (the new logit's upper bound) becomes AL_SCORE_MOD_MAX, the Hopper forward's fixed
+ * softmax max (al_flash_hooks_of sets it where the variant's bounds are at most AL_FLASH_FIXED_MAX_RANGE apart). */
 typedef struct al_flash_hooks {
     const char *score_mod, *score_grad, *mask_mod, *capture_grad, *prelude, *score_pre;
     double score_post;
+    int fixed_max;
+    double score_max;
 } al_flash_hooks;
+/* The widest logit range [lo, hi] for which a fixed max of hi is used: exponentials down to e^-64 (2^-92.3) are
+ * normal f32 and bf16 numbers with headroom for the products with V (kernels/flash_fwd_sm90.cu, AL_FL_FIXED_MAX) */
+#define AL_FLASH_FIXED_MAX_RANGE 64.0
+/* hk's fixed max from a score_mod's bounds (al_attn_variant.score_bounded, score_lo, score_hi): on where they are
+ * given and at most AL_FLASH_FIXED_MAX_RANGE apart, unless ATTNLAB_FLASH_SM90_FIXED_MAX=0 (A/B comparisons) */
+static inline void al_flash_hooks_set_bounds(al_flash_hooks *hk, int bounded, double lo, double hi) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_FIXED_MAX");
+    hk->fixed_max = hk->score_mod && bounded && hi - lo <= AL_FLASH_FIXED_MAX_RANGE && !(e && strcmp(e, "0") == 0);
+    hk->score_max = hk->fixed_max ? hi : 0.0;
+}
 
 /* The source text that a variant prepends to flash_fwd.cu / flash_bwd.cu (malloc'd; NULL when out of
  * memory): the prelude, then one #define per given hook (contract in kernels/flash_common.cuh), then
@@ -147,7 +161,7 @@ static inline char *al_flash_variant_source(const al_flash_hooks *hk, const char
         "#define AL_CAPTURE_GRAD(grad, score, b, h, q_idx, kv_idx) do { ",
         "#define AL_SCORE_PRE(acc, scale, b, h, q_idx, kv_idx) ("};
     static const char *tails[5] = {")\n", ")\n", ")\n", "; } while (0)\n", ")\n"};
-    size_t n = 320 + (hk->prelude ? strlen(hk->prelude) : 0) + strlen(file);
+    size_t n = 384 + (hk->prelude ? strlen(hk->prelude) : 0) + strlen(file);
     for (int i = 0; i < 5; i++) n += strlen(heads[i]) + strlen(tails[i]) + (parts[i] ? strlen(parts[i]) : 0);
     char *out = (char *)malloc(n);
     if (!out) return NULL;
@@ -164,16 +178,19 @@ static inline char *al_flash_variant_source(const al_flash_hooks *hk, const char
      * log2(e) at compile time */
     if (hk->score_pre)
         u += (size_t)snprintf(out + u, n - u, "#define AL_SCORE_POST %.9ef\n", (double)(float)hk->score_post);
+    if (hk->fixed_max)
+        u += (size_t)snprintf(out + u, n - u, "#define AL_SCORE_MOD_MAX %.9ef\n", (double)(float)hk->score_max);
     snprintf(out + u, n - u, "#line 1 \"%s\"\n", file);
     return out;
 }
 
 /* The variant identity of spec s from its snippets: vhash = two FNV-1a 64 chains over the six strings
- * and score_post's bits (with different seeds: 128 bits, collisions out of reach), variant = 1. */
+ * and the bits of score_post and the fixed max (with different seeds: 128 bits, collisions out of reach), variant = 1. */
 static inline void al_flash_spec_set_variant(al_flash_spec *s, const al_flash_hooks *hk, int block_mask) {
     const char *parts[6] = {hk->score_mod, hk->score_grad, hk->mask_mod, hk->capture_grad, hk->prelude, hk->score_pre};
-    char post[32];
-    snprintf(post, sizeof post, "%a", hk->score_post);
+    char post[80];
+    if (hk->fixed_max) snprintf(post, sizeof post, "%a max %a", hk->score_post, hk->score_max);
+    else snprintf(post, sizeof post, "%a", hk->score_post);   /* (the identities of session 16 and before) */
     unsigned long long h0 = 0xcbf29ce484222325ULL, h1 = 0x84222325cbf29ce4ULL;
     for (int i = 0; i < 6; i++) {
         h0 = al_flash_fnv64(h0, parts[i]);

@@ -178,6 +178,24 @@ static void test_validation(void) {
     f.var.score_post = -1.0;   /* ignored without score_pre */
     CHECK_OK(al_attn_check(&f.p, &f.in));
     f.var.score_post = 0.0;
+    /* the logit's bounds: finite, lo <= hi, beside score_mod */
+    f.var.score_bounded = 1;
+    f.var.score_lo = -30.0;
+    f.var.score_hi = 30.0;
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.score_hi = -31.0;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG,
+              "variant.score_lo / score_hi: expected finite bounds with score_lo <= score_hi, given [-30, -31]");
+    f.var.score_hi = INFINITY;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "given [-30, inf]");
+    f.var.score_hi = 30.0;
+    f.var.score_lo = NAN;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_lo / score_hi");
+    f.var.score_lo = -30.0;
+    f.var.score_mod = NULL;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_bounded: expected score_mod beside it");
+    f.var.score_mod = "score * 0.5f";
+    f.var.score_bounded = 0;
     char *big = malloc(70000);
     memset(big, '1', 69999);
     big[69999] = 0;
@@ -224,7 +242,7 @@ static void test_backend_choice(void) {
 /* ---- generated source and identity ------------------------------------------------------------------- */
 static void test_variant_source(void) {
     const al_flash_hooks hk = {"score * 2.0f", NULL, "q_idx >= kv_idx\n&& 1", "atomicAdd(AL_CAP_GRAD(0), grad)",
-                               "static __device__ int f(int x) { return x; }", NULL, 0.0};
+                               "static __device__ int f(int x) { return x; }", NULL, 0.0, 0, 0.0};
     char *src = al_flash_variant_source(&hk, "flash_fwd.cu");
     CHECK(src != NULL, "no source");
     if (!src) return;
@@ -241,14 +259,34 @@ static void test_variant_source(void) {
     free(src);
     /* the folded form: AL_SCORE_PRE's macro and AL_SCORE_POST as an f32 literal */
     const al_flash_hooks hf = {"30.0f * tanhf(score * 0.0333f)", NULL, NULL, NULL, NULL, "tanhf(acc * (scale * 0.0333f))",
-                               30.0};
+                               30.0, 0, 0.0};
     src = al_flash_variant_source(&hf, "flash_fwd.cu");
     CHECK(src != NULL, "no source");
     if (!src) return;
     CHECK(strstr(src, "#define AL_SCORE_PRE(acc, scale, b, h, q_idx, kv_idx) (tanhf(acc * (scale * 0.0333f)))\n") != NULL,
           "%s", src);
     CHECK(strstr(src, "#define AL_SCORE_POST 3.000000000e+01f\n") != NULL, "%s", src);
+    CHECK(strstr(src, "AL_SCORE_MOD_MAX") == NULL, "no bounds given, no fixed max:\n%s", src);
     free(src);
+    /* the fixed max (al_flash_hooks_set_bounds): soft-capping's [-30, 30] gives AL_SCORE_MOD_MAX 30; bounds more than
+     * 64 apart, none given, or ATTNLAB_FLASH_SM90_FIXED_MAX=0 give none */
+    al_flash_hooks hb = hf;
+    al_flash_hooks_set_bounds(&hb, 1, -30.0, 30.0);
+    CHECK(hb.fixed_max == 1 && hb.score_max == 30.0, "[-30, 30]: fixed max %d at %g", hb.fixed_max, hb.score_max);
+    src = al_flash_variant_source(&hb, "flash_fwd_sm90.cu");
+    CHECK(src && strstr(src, "#define AL_SCORE_MOD_MAX 3.000000000e+01f\n") != NULL, "%s", src ? src : "(null)");
+    free(src);
+    al_flash_hooks_set_bounds(&hb, 1, -50.0, 50.0);
+    CHECK(hb.fixed_max == 0, "[-50, 50] is 100 wide: no fixed max");
+    al_flash_hooks_set_bounds(&hb, 0, -1.0, 1.0);
+    CHECK(hb.fixed_max == 0, "no bounds given: no fixed max");
+    setenv("ATTNLAB_FLASH_SM90_FIXED_MAX", "0", 1);
+    al_flash_hooks_set_bounds(&hb, 1, -30.0, 30.0);
+    unsetenv("ATTNLAB_FLASH_SM90_FIXED_MAX");
+    CHECK(hb.fixed_max == 0, "ATTNLAB_FLASH_SM90_FIXED_MAX=0: no fixed max");
+    hb.score_mod = NULL;
+    al_flash_hooks_set_bounds(&hb, 1, -30.0, 30.0);
+    CHECK(hb.fixed_max == 0, "bounds without score_mod: no fixed max");
 
     al_flash_spec a, b, c, d, e, f, g, pr;
     memset(&a, 0, sizeof a);
@@ -256,12 +294,14 @@ static void test_variant_source(void) {
     a.d = 64;
     a.bf16 = 1;
     b = c = d = e = f = g = pr = a;
-    const al_flash_hooks h_score = {"score", NULL, NULL, NULL, NULL, NULL, 0.0},
-                         h_grad = {NULL, "score", NULL, NULL, NULL, NULL, 0.0},   /* same text, another hook */
-                         h_empty = {"score", "", NULL, NULL, NULL, NULL, 0.0},    /* "" differs from NULL */
-                         h_pre2 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 2.0},
-                         h_pre3 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0},
-                         h_pre4 = {"score", NULL, NULL, NULL, NULL, "acc * scale * 1.0f", 3.0};
+    const al_flash_hooks h_score = {"score", NULL, NULL, NULL, NULL, NULL, 0.0, 0, 0.0},
+                         h_grad = {NULL, "score", NULL, NULL, NULL, NULL, 0.0, 0, 0.0},   /* same text, another hook */
+                         h_empty = {"score", "", NULL, NULL, NULL, NULL, 0.0, 0, 0.0},    /* "" differs from NULL */
+                         h_pre2 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 2.0, 0, 0.0},
+                         h_pre3 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 0, 0.0},
+                         h_max = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 1, 30.0},
+                         h_max2 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 1, 20.0},
+                         h_pre4 = {"score", NULL, NULL, NULL, NULL, "acc * scale * 1.0f", 3.0, 0, 0.0};
     al_flash_spec_set_variant(&a, &h_score, 0);
     al_flash_spec_set_variant(&b, &h_score, 1);
     al_flash_spec_set_variant(&c, &h_grad, 0);
@@ -270,6 +310,9 @@ static void test_variant_source(void) {
     al_flash_spec_set_variant(&f, &h_pre2, 0);
     al_flash_spec_set_variant(&g, &h_pre3, 0);
     al_flash_spec_set_variant(&pr, &h_pre4, 0);
+    al_flash_spec mx = a, mx2 = a;
+    al_flash_spec_set_variant(&mx, &h_max, 0);
+    al_flash_spec_set_variant(&mx2, &h_max2, 0);
     CHECK(a.variant == 1 && b.block_mask == 1 && a.block_mask == 0, "flags");
     CHECK(memcmp(&a, &d, sizeof a) == 0, "one variant, one identity");
     CHECK(memcmp(&a, &b, sizeof a) != 0, "the block-mask flag is part of the identity");
@@ -278,6 +321,8 @@ static void test_variant_source(void) {
     CHECK(a.vhash[0] != f.vhash[0] && f.vhash[0] != g.vhash[0] && f.vhash[1] != g.vhash[1],
           "score_pre and score_post are part of the hash");
     CHECK(pr.vhash[0] != g.vhash[0] && pr.vhash[1] != g.vhash[1], "score_pre's text is part of the hash");
+    CHECK(mx.vhash[0] != g.vhash[0] && mx.vhash[1] != g.vhash[1] && mx.vhash[0] != mx2.vhash[0],
+          "the fixed max and its value are part of the hash");
     char nm[128];
     al_flash_spec_name(&b, nm, sizeof nm);
     CHECK(strstr(nm, "fwd d64 bf16 nomask variant ") == nm && strstr(nm, " blockmask") != NULL, "name '%s'", nm);
@@ -327,7 +372,7 @@ static void nv_std(nv_job *j, int kind, int sm90, int d, int mask, int block_mas
     j->mask = NV_MASK;
     j->capg = kind == AL_FLASH_BWD ? NV_CAPG : NULL;
     j->prelude = NV_PRELUDE;
-    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0};
+    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0, 0, 0.0};
     al_flash_spec_set_variant(&j->spec, &hk, block_mask);
 }
 
@@ -335,7 +380,7 @@ static void nv_compile_job(nv_job *j, const char *kdir) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", kdir, nv_file(j));
     char *file = test_slurp(path);
-    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0};
+    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0, 0, 0.0};
     char *pre = al_flash_variant_source(&hk, nv_file(j));
     char *src = file && pre ? malloc(strlen(pre) + strlen(file) + 2) : NULL;
     if (!src) {
@@ -441,8 +486,9 @@ static void case_bwd_spec(const gcase *c, const al_attn_variant *var, int block_
     s->d = c->D;
     s->bf16 = 1;
     s->mask = c->causal ? AL_FLASH_MASK_CAUSAL : AL_FLASH_MASK_NONE;
-    const al_flash_hooks hk = {var->score_mod, var->score_grad, var->mask_mod, var->capture_grad, var->prelude,
-                               var->score_pre, var->score_pre ? var->score_post : 0.0};
+    al_flash_hooks hk = {var->score_mod, var->score_grad, var->mask_mod, var->capture_grad, var->prelude,
+                         var->score_pre, var->score_pre ? var->score_post : 0.0, 0, 0.0};
+    al_flash_hooks_set_bounds(&hk, var->score_bounded, var->score_lo, var->score_hi);
     al_flash_spec_set_variant(s, &hk, block_mask);
 }
 

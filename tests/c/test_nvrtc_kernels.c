@@ -67,6 +67,8 @@ typedef struct gen_variant {
     char name[64];
     int block_mask;
     al_flash_hooks hk;
+    int bounded;                 /* bits: score_lo, score_hi given (the logit's bounds: the forward's fixed max) */
+    double score_lo, score_hi;
 } gen_variant;
 
 /* Parses the file tests/c/variant_snippets.lua writes ("variant NAME BM", "KEY LEN" + LEN bytes + "\n", "end");
@@ -111,11 +113,14 @@ static int parse_gen_variants(char *text, gen_variant *out, int max, char *why, 
             else if (!strcmp(key, "prelude")) v->hk.prelude = val;
             else if (!strcmp(key, "score_pre")) v->hk.score_pre = val;
             else if (!strcmp(key, "score_post")) v->hk.score_post = atof(val);
+            else if (!strcmp(key, "score_lo")) v->score_lo = atof(val), v->bounded |= 1;
+            else if (!strcmp(key, "score_hi")) v->score_hi = atof(val), v->bounded |= 2;
             else {
                 snprintf(why, nwhy, "variant %s: unknown key %s", name, key);
                 return -1;
             }
         }
+        al_flash_hooks_set_bounds(&v->hk, v->bounded == 3, v->score_lo, v->score_hi);
         c += 4;
     }
     return n;
@@ -296,6 +301,19 @@ int main(void) {
         ngen = parse_gen_variants(gtext, gen, MAX_GEN, gwhy, sizeof gwhy);
         CHECK(ngen > 0, "%s: %s", gpath, ngen < 0 ? gwhy : "no variant in it");
         if (ngen < 0) ngen = 0;
+        /* soft-capping's logit is bounded ([-c, c] at the example's cap c): its forward compiles with the fixed max
+         * (AL_SCORE_MOD_MAX, kernels/flash_fwd_sm90.cu's AL_FL_FIXED_MAX); the relative bias reads a capture: not */
+        const char *fm = getenv("ATTNLAB_FLASH_SM90_FIXED_MAX");
+        const int fixed_on = !(fm && !strcmp(fm, "0"));
+        for (int i = 0; i < ngen; i++) {
+            if (!strcmp(gen[i].name, "softcap") && fixed_on)
+                CHECK(gen[i].hk.fixed_max && gen[i].score_hi > 0 && gen[i].score_lo == -gen[i].score_hi &&
+                          gen[i].hk.score_max == gen[i].score_hi,
+                      "softcap: fixed max %d at %g (bounds %g %g), expected 1 at the cap", gen[i].hk.fixed_max,
+                      gen[i].hk.score_max, gen[i].score_lo, gen[i].score_hi);
+            if (!strcmp(gen[i].name, "relative_bias"))
+                CHECK(!gen[i].hk.fixed_max && !gen[i].bounded, "relative_bias: bounded %d", gen[i].bounded);
+        }
         if (t_current_failed) t_failed++;
         else t_passed++;
     }
@@ -347,7 +365,7 @@ int main(void) {
     for (int i = 0; i < N_BWD_VARIANTS; i++)
         for (int role = 0; role < 2; role++) {
             const bwd_variant *v = &g_bwd_variants[i];
-            const al_flash_hooks hk = {v->score, v->grad, v->mask, v->capg, NULL, NULL, 0.0};
+            const al_flash_hooks hk = {v->score, v->grad, v->mask, v->capg, NULL, NULL, 0.0, 0, 0.0};
             al_flash_spec *sp = &specs[njobs];
             memset(sp, 0, sizeof *sp);
             sp->kind = AL_FLASH_BWD;

@@ -6,6 +6,7 @@
 package.path = "tests/spec/?.lua;" .. package.path
 local al = require "attnlab"
 local V = require "attnlab.variants"
+local ffi = require "ffi"
 
 local function rnd(shape, dtype) return al.randn(shape, { dtype = dtype or "f64" }) end
 local function copy(a, extra)
@@ -123,6 +124,24 @@ describe("variants: tracer and code generation", function()
     local s6 = src({ mask_mod = function(b, h, q, kv) return al.ge(q, kv) end })
     assert.is_nil(s6.score_pre)
     assert.is_nil(s6.score_post)
+  end)
+
+  it("proves the new logit's bounds by interval arithmetic (the flash forward's fixed softmax max)", function()
+    local s = src({ score_mod = function(score) return 30 * al.tanh(score / 30) end })
+    assert.equal(-30, s.score_lo)
+    assert.equal(30, s.score_hi)
+    local s2 = src({ score_mod = function(score, b, h, q, kv) return al.where(al.ge(q, kv), 2 * al.tanh(score) + 1, -1) end })
+    assert.equal(-1, s2.score_lo)
+    assert.equal(3, s2.score_hi)
+    -- unbounded: the score itself, exp of it, a capture read (data, which may change after the build)
+    local bias = al.randn({ 4 })
+    for _, f in ipairs({ function(score) return 2 * score end, function(score) return al.exp(al.tanh(score)) + score end,
+      function(score, b, h) return al.tanh(score) + bias[h] end }) do
+      local x = src({ score_mod = f })
+      assert.is_nil(x.score_lo)
+      assert.is_nil(x.score_hi)
+    end
+    assert.is_nil(src({ mask_mod = function(b, h, q, kv) return al.ge(q, kv) end }).score_hi)
   end)
 
   it("where / land / lor / lnot / min / max / sqrt / exp / log / % / ^ generate C", function()
@@ -636,6 +655,67 @@ describe("variants on the GPU #gpu", function()
       end)
     end)
   end
+
+  -- soft-capping's logit lies in [-cap, cap]: the bf16 Hopper forward takes cap as every row's softmax max
+  -- (kernels/flash_fwd_sm90.cu, AL_FL_FIXED_MAX). Rows whose every logit sits at the floor (exponentials near e^-60)
+  -- and rows that mask_mod masks entirely, against the CPU oracle, the running max (ATTNLAB_FLASH_SM90_FIXED_MAX=0)
+  -- and f16 (which keeps the running max)
+  it("soft-capping's fixed softmax max: rows at the cap's floor and fully masked rows, forward and backward", function()
+    if not HAS_GPU then pending("no GPU") return end
+    al.manual_seed(29)
+    local B, S, H, D, cap = 2, 300, 4, 128, 30
+    local q, k, v = rnd({ B, S, H, D }), rnd({ B, S, H, D }), rnd({ B, S, H, D })
+    -- keys u + noise; query row 6 (1-based) is -8 u: all its logits near -cap. The others: logits of std ~2.5
+    local u = rnd({ D })
+    local qp, kp, up = ffi.cast("double *", q:data_ptr()), ffi.cast("double *", k:data_ptr()), ffi.cast("double *", u:data_ptr())
+    for b = 0, B - 1 do
+      for i = 0, S - 1 do
+        for h = 0, H - 1 do
+          local o = ((b * S + i) * H + h) * D
+          for d = 0, D - 1 do
+            kp[o + d] = up[d] + 0.3 * kp[o + d]
+            qp[o + d] = i == 5 and -8 * up[d] or 2.5 * qp[o + d] / math.sqrt(D)
+          end
+        end
+      end
+    end
+    local function args(dt)
+      return { query_layer = q:to(dt), key_layer = k:to(dt), value_layer = v:to(dt), qkv_format = "bshd",
+        attn_mask_type = "no_mask", score_mod = function(score) return cap * al.tanh(score / cap) end,
+        mask_mod = function(b, h, qi, kv) return al.ne(qi, 10) end, dout = rnd({ B, S, H * D }, dt) }
+    end
+    for _, dt in ipairs({ "bf16", "f16" }) do
+      local a = args(dt)
+      local oc, gc, cctx = run(a, "cpu")
+      local outs = {}
+      for _, fixed in ipairs({ "1", "0" }) do
+        with_env("ATTNLAB_FLASH_SM90_FIXED_MAX", fixed, function()
+          local og, gg, ctx = run(copy(a, { backend = "flash" }), "cuda")
+          assert.equal(1, ctx.cvariant.score_bounded)
+          assert.equal(30, ctx.cvariant.score_hi)
+          local tol = dt == "f16" and 5e-3 or 2e-2
+          local what = dt .. " fixed max " .. fixed
+          assert(al.max_abs_diff(og, oc) < tol, what .. " out: " .. al.max_abs_diff(og, oc))
+          -- row 10: every key masked, zero output and lse -inf; row 6: every logit at the floor, lse near -cap + log S
+          assert.equal(0, og:view(B, S, H * D):select(2, 10):abs():amax():item())
+          local lse = ctx.lse:cpu():to("f64")
+          assert.equal(-math.huge, lse:select(3, 10):amax():item())
+          local l6, c6 = lse:select(3, 6), cctx.lse:to("f64"):select(3, 6)
+          assert(c6:amax():item() < -cap + math.log(S) + 1, "row 6's logits are not at the floor")
+          assert(al.max_abs_diff(l6, c6) < 5e-3, what .. " row 6 lse: " .. al.max_abs_diff(l6, c6))
+          local lm = lse:narrow(3, 1, 9)
+          assert(al.max_abs_diff(lm, cctx.lse:to("f64"):narrow(3, 1, 9)) < 5e-3, what .. " lse")
+          for _, kk in ipairs({ "query_layer", "key_layer", "value_layer" }) do
+            local d = al.max_abs_diff(gg[kk]:cpu():to("f64"), gc[kk]:to("f64"))
+            assert(d < 5 * tol * math.max(1, gc[kk]:to("f64"):abs():amax():item()), what .. " " .. kk .. ": " .. d)
+          end
+          outs[fixed] = og
+        end)
+      end
+      -- the fixed and the running max: the same softmax, up to rounding
+      assert(al.max_abs_diff(outs["1"], outs["0"]) < (dt == "f16" and 2e-3 or 1e-2))
+    end
+  end)
 
   it("causal via mask_mod + block mask == built-in causal on flash", function()
     if not HAS_GPU then pending("no GPU") return end
