@@ -168,6 +168,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             var.score_pre = SNIP[fz_int(&in, 0, 4)];
             var.score_post = POST[fz_int(&in, 0, 4)];
         }
+        if (fz_u8(&in) > 200) {   /* the logit's bounds: finite, lo <= hi, beside score_mod */
+            static const double BOUND[] = {-30.0, 30.0, 0.0, 1e300, -1e300};
+            var.score_bounded = fz_u8(&in) & 1 ? 1 : fz_i32(&in);
+            var.score_lo = fz_u8(&in) > 240 ? NAN : BOUND[fz_int(&in, 0, 4)];
+            var.score_hi = fz_u8(&in) > 240 ? INFINITY : BOUND[fz_int(&in, 0, 4)];
+        }
         var.ncaptures = fz_u8(&in) < 230 ? (int32_t)fz_int(&in, 0, 3) : fz_i32(&in);
         for (int i = 0; i < 3; i++) {
             int64_t cs = fz_int(&in, 0, 6);
