@@ -95,12 +95,13 @@
  * while the consumers finish the current one and write its gradients, which go out through the item's own buffer
  * (each warpgroup through its own rows). A CTA a work item paid its prologue (the owned rows' loads before the
  * first product) and its epilogue (the gradient stores) on an idle tensor pipe: ~8% of the causal backward's
- * time at 4x16x4096 (session 15). Not with a block mask (its tile list is built per CTA) or the dQ atomics. */
+ * time at 4x16x4096 (session 15). With a block mask the producer warp compacts each item's tile list (one list
+ * per own buffer); variants since session 17. Not with the dQ atomics. */
 #ifndef AL_SM90_PERSIST
 #define AL_SM90_PERSIST 0
 #endif
-#if AL_SM90_PERSIST && (AL_BLOCK_MASK || AL_SM90_DQ_ATOMIC)
-#error "AL_SM90_PERSIST: not with a block mask or AL_SM90_DQ_ATOMIC"
+#if AL_SM90_PERSIST && AL_SM90_DQ_ATOMIC
+#error "AL_SM90_PERSIST: not with AL_SM90_DQ_ATOMIC"
 #endif
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on stream tiles per CTA)"
@@ -319,6 +320,7 @@ AL_DEV void b90_ss_vn(float *acc, al_u32 own, al_u32 tile, int r0) {
 #define B90_KIND_OF(j) 1
 #endif
 
+
 /* a compile-time flag passed to a generic lambda (NVRTC has no <type_traits>) */
 template <bool B> struct b90_flag { static constexpr bool value = B; };
 
@@ -400,6 +402,30 @@ AL_DEV b90_work b90_work_at(const al_flash_params &p, int lin, int nx, int ny) {
 }
 #endif
 
+#if AL_BLOCK_MASK
+/* The warp's lanes compact work item w's non-empty stream tiles into list / count: the mask's column (role 0:
+ * key block own0 against every (query head, query tile)) or row (role 1: query block own0 against every key
+ * tile), 32 tiles per ballot. The host keeps nstream <= AL_SM90_BM_LIST. */
+AL_DEV void b90_list_tiles(const al_flash_params &p, const b90_work &w, unsigned short *list, int *count, int lane) {
+    using namespace b90;
+    /* (scalars captured by value: by reference, two extra integer multiplies stayed in the kernel) */
+    const int b = w.b, hk = w.hk, h = w.h, ntile = w.ntile, t_lo = w.t_lo, own0 = w.own0, group = p.H / p.HG;
+    (void)hk;
+    (void)h;
+    (void)ntile;
+    (void)group;
+#if AL_SM90_ROLE == 0
+    al_sm90_list_tiles(list, count, w.nstream, lane, [&p, b, hk, group, ntile, t_lo, own0](int j) {
+        return al_fl_block(p, b, hk * group + j / ntile, (t_lo + j % ntile) * BN, own0);
+    });
+#else
+    al_sm90_list_tiles(list, count, w.nstream, lane, [&p, b, h, t_lo, own0](int j) {
+        return al_fl_block(p, b, h, own0, (t_lo + j) * BN);
+    });
+#endif
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(b90::NT, 1)
     B90_NAME(const __grid_constant__ al_flash_params p, const __grid_constant__ al_sm90_bwd_tmaps tm) {
     using namespace b90;
@@ -456,30 +482,20 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
     }
 #if AL_BLOCK_MASK
-    /* the list after the barriers (the host's smem size counts 2 AL_SM90_BM_LIST + 16 bytes for it; the host
-     * also keeps nstream <= AL_SM90_BM_LIST): warp 0 compacts the mask's column (role 0: key block own0
-     * against every (query head, query tile)) or row (role 1: query block own0 against every key tile),
-     * 32 tiles per ballot */
-    unsigned short *bm_list = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (5 + 2 * ST));
-    int *bm_count = (int *)(bm_list + AL_SM90_BM_LIST);
-    if (tid < 32) {
-        /* (scalars captured by value: by reference, two extra integer multiplies stayed in the kernel) */
-        const int b = w.b, hk = w.hk, h = w.h, ntile = w.ntile, t_lo = w.t_lo, own0 = w.own0;
-        (void)hk;
-        (void)h;
-        (void)ntile;
-#if AL_SM90_ROLE == 0
-        al_sm90_list_tiles(bm_list, bm_count, w.nstream, tid, [&p, b, hk, group, ntile, t_lo, own0](int j) {
-            return al_fl_block(p, b, hk * group + j / ntile, (t_lo + j % ntile) * BN, own0);
-        });
-#else
-        al_sm90_list_tiles(bm_list, bm_count, w.nstream, tid, [&p, b, h, t_lo, own0](int j) {
-            return al_fl_block(p, b, h, own0, (t_lo + j) * BN);
-        });
-#endif
-    }
+    /* the tile lists after the barriers, one per own buffer (the host's smem size counts 2 AL_SM90_BM_LIST + 16
+     * bytes for each): list ob holds the item of own buffer ob. One CTA per item: warp 0 compacts it here;
+     * persistent: the producer warp, per item, before it loads the item's rows (its OWN_F arrival publishes
+     * the list to the consumers, whose OWN_E arrival after the item frees it again) */
+    unsigned short *const bm_base = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (5 + 2 * ST));
+#define B90_BM_LIST(ob) (bm_base + (ob) * (AL_SM90_BM_LIST + 8))
+#define B90_BM_COUNT(ob) ((int *)(B90_BM_LIST(ob) + AL_SM90_BM_LIST))
+#if !AL_SM90_PERSIST
+    if (tid < 32) b90_list_tiles(p, w, B90_BM_LIST(0), B90_BM_COUNT(0), tid);
     __syncthreads();
-    w.nstream = *bm_count;
+    w.nstream = *B90_BM_COUNT(0);
+#else
+    __syncthreads();
+#endif
 #else
     __syncthreads();
 #endif
@@ -511,6 +527,14 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                 break;
             }
             w = b90_work_at(p, lin, nx, ny);
+#if AL_BLOCK_MASK
+            b90_list_tiles(p, w, B90_BM_LIST(ob), B90_BM_COUNT(ob), lane);
+            __syncwarp();                            /* the lanes' list entries, before lane 0's OWN_F arrival */
+            w.nstream = *(volatile int *)B90_BM_COUNT(ob);
+#endif
+#endif
+#if AL_BLOCK_MASK
+            const unsigned short *bm_list = B90_BM_LIST(ob);   /* B90_TILE_OF */
 #endif
             const al_fl_seq &s = w.s;
             const int b = w.b, hk = w.hk, h = w.h, own0 = w.own0, t_lo = w.t_lo, ntile = w.ntile, nstream = w.nstream;
@@ -621,7 +645,13 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             const int lin = s_item[ob];
             if (lin >= nwork) break;                     /* the end of the list */
             w = b90_work_at(p, lin, nx, ny);
+#if AL_BLOCK_MASK
+            w.nstream = *(volatile int *)B90_BM_COUNT(ob);   /* the producer's list of the item */
+#endif
         }
+#endif
+#if AL_BLOCK_MASK
+        const unsigned short *bm_list = B90_BM_LIST(ob);     /* B90_TILE_OF */
 #endif
         const al_fl_seq &s = w.s;
         const int b = w.b, hk = w.hk, h = w.h, own0 = w.own0, t_lo = w.t_lo, ntile = w.ntile, nstream = w.nstream;
@@ -1132,4 +1162,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #undef OWN_E
 #undef BAR_F
 #undef BAR_E
+#if AL_BLOCK_MASK
+#undef B90_BM_LIST
+#undef B90_BM_COUNT
+#endif
 }

@@ -70,9 +70,29 @@ print(line_of("thd padding_causal gaps d128", with(thd, { attn_mask_type = "padd
 local ids = {}
 for i = 1, 384 do ids[i] = math.floor((i - 1) * 3 / 384) end   -- three documents of 128 tokens
 local doc = al.tensor({ ids }, { dtype = "i32" })
+local same_doc = function(b, _, q, k) return al.eq(doc[b][q], doc[b][k]) end
 print(line_of("mask_mod documents d128 s384", with(gqa, {
   query_layer = rnd({ 1, 384, 4, 128 }), key_layer = rnd({ 1, 384, 2, 128 }), value_layer = rnd({ 1, 384, 2, 128 }),
-  attn_mask_type = "no_mask", mask_mod = function(b, _, q, k) return al.eq(doc[b][q], doc[b][k]) end })))
+  attn_mask_type = "no_mask", mask_mod = same_doc })))
+-- documents of 300-1000 tokens with a block mask, causal (empty tiles skipped, full ones without mask_mod): 256
+-- dK/dV and 512 dQ work items, more than an H200's SMs, so persistent CTAs walk several items' tile lists (GPU only:
+-- the CPU oracle of this size takes minutes)
+if dev == "cuda" then
+  local ids2 = {}
+  for b = 1, 4 do
+    ids2[b] = {}
+    local d, left = 0, 300 + 97 * b
+    for i = 1, 4096 do
+      if left == 0 then d, left = d + 1, 300 + (d * 389 + 211 * b) % 700 end
+      ids2[b][i], left = d, left - 1
+    end
+  end
+  local doc2 = al.tensor(ids2, { dtype = "i32" })
+  local docs = function(b, _, q, k) return al.eq(doc2[b][q], doc2[b][k]) end
+  print(line_of("mask_mod documents + block mask causal 4x4096 d128", with(gqa, {
+    query_layer = rnd({ 4, 4096, 4, 128 }), key_layer = rnd({ 4, 4096, 2, 128 }), value_layer = rnd({ 4, 4096, 2, 128 }),
+    attn_mask_type = "causal", mask_mod = docs, block_mask = al.attention.block_mask(docs, 4, 1, 4096, 4096, { block = 128 }) })))
+end
 
 for _, c in ipairs { { 1, 300, 4, 128 }, { 1, 100, 4, 128 }, { 2, 1000, 2, 64 }, { 1, 300, 2, 256 } } do
   local a = inputs(c[1], c[2], c[3], c[4], 7)

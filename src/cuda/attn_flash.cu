@@ -161,14 +161,10 @@ static al_status nvrtc_functions(int32_t dev, const al_flash_spec *s, int sm90, 
     return al_nvrtc_get(dev, b.file, prefix, b.optp, b.nopts, b.names, b.nfns, b.label, fns);
 }
 
-static void nvrtc_drop(int32_t dev, const al_flash_spec *s, int sm90, const char *prefix) {
-    fl_build b;
-    build_of(s, sm90, &b);
-    al_nvrtc_unload(dev, b.file, prefix, b.optp, b.nopts, b.names, b.nfns);
-}
-
 /* ---- variant specialisations: an LRU of loaded modules ---------------------------------------------
- * Key: (device, kernel family: stage-1, the sm90 forward or one sm90 backward kernel, spec) where the spec carries the variant's 128-bit source hash and the block-mask flag
+ * Key: (device, kernel family: stage-1, the sm90 forward or one sm90 backward kernel, spec, the options that
+ * depend on the environment: the backward kernels' persistence, ATTNLAB_FLASH_SM90_PERSIST) where the spec
+ * carries the variant's 128-bit source hash and the block-mask flag
  * (al_flash_spec_set_variant hashes the five snippet strings on every call: FNV-1a over a few hundred
  * bytes, well under a microsecond, so the caller needs no stable key of its own). A hit costs that
  * hash plus a scan of FL_VCACHE entries; a miss builds the source and goes through nvrtc_cache (disk
@@ -181,8 +177,10 @@ typedef struct fl_ventry {
     int used;
     int32_t dev;
     int sm90;                  /* kernel family: 0 stage 1, 1 the Hopper forward, 2 / 3 the Hopper backward's kernels */
+    int env_opts;              /* vc_env_opts: a module compiled persistent must not serve a per-item launch */
     al_flash_spec spec;
     char *prefix;              /* the generated source (needed again to unload) */
+    fl_build build;            /* its file, options and names as built (to unload it under any later environment) */
     CUfunction fns[4];
     int nfns;
     uint64_t stamp;
@@ -191,10 +189,17 @@ static fl_ventry g_vc[FL_VCACHE];
 static uint64_t g_vc_clock;
 static pthread_mutex_t g_vc_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* The loaded variant module of (dev, family, spec), or NULL; g_vc_lock held. */
+/* The build options of a family that the environment chooses (build_of's option list reads it): the Hopper
+ * backward kernels' -DAL_SM90_PERSIST (flash_sm90_specs.h; the launch grid follows the same switch) */
+static int vc_env_opts(const al_flash_spec *s, int sm90) { return sm90 >= 2 ? al_flash_sm90_bwd_persist(s, sm90 - 2) : 0; }
+
+/* The loaded variant module of (dev, family, spec) built with today's environment-chosen options, or NULL;
+ * g_vc_lock held. */
 static fl_ventry *vc_find(int32_t dev, const al_flash_spec *s, int sm90) {
+    const int env_opts = vc_env_opts(s, sm90);
     for (int i = 0; i < FL_VCACHE; i++)
-        if (g_vc[i].used && g_vc[i].dev == dev && g_vc[i].sm90 == sm90 && memcmp(&g_vc[i].spec, s, sizeof *s) == 0)
+        if (g_vc[i].used && g_vc[i].dev == dev && g_vc[i].sm90 == sm90 && g_vc[i].env_opts == env_opts &&
+            memcmp(&g_vc[i].spec, s, sizeof *s) == 0)
             return &g_vc[i];
     return NULL;
 }
@@ -226,13 +231,16 @@ static al_status variant_functions(int32_t dev, const al_flash_spec *s, int sm90
         slot = 0;
         for (int i = 1; i < FL_VCACHE; i++)
             if (g_vc[i].stamp < g_vc[slot].stamp) slot = i;
-        nvrtc_drop(g_vc[slot].dev, &g_vc[slot].spec, g_vc[slot].sm90, g_vc[slot].prefix);
+        const fl_build *ob = &g_vc[slot].build;
+        al_nvrtc_unload(g_vc[slot].dev, ob->file, g_vc[slot].prefix, ob->optp, ob->nopts, ob->names, ob->nfns);
         free(g_vc[slot].prefix);
     }
     fl_ventry *e = &g_vc[slot];
     e->used = 1;
     e->dev = dev;
     e->sm90 = sm90;
+    e->env_opts = vc_env_opts(s, sm90);
+    build_of(s, sm90, &e->build);              /* (its optp point into e->build itself) */
     e->spec = *s;
     e->prefix = prefix;
     memcpy(e->fns, fns, sizeof e->fns);

@@ -110,12 +110,12 @@ static inline al_flash_sm90_tiles al_flash_sm90_bwd_tiles(const al_flash_spec *s
 }
 /* The persistent schedule (-DAL_SM90_PERSIST=1, kernels/flash_bwd_sm90.cu): one CTA per SM walks the grid's
  * work items, taking the next from a counter (al_flash_params.sched_ctr[role], zeroed before the launch), with
- * the owned rows double-buffered so one item's loads and the previous one's gradient stores overlap. Default
- * kernels of roles 0 and 1 (not variants: a block mask's tile list is built per CTA; not role 2);
- * ATTNLAB_FLASH_SM90_PERSIST=0 launches the grid of work items instead (to compare). */
+ * the owned rows double-buffered so one item's loads and the previous one's gradient stores overlap. Kernels of
+ * roles 0 and 1, variants (and their block masks' tile lists, one per own buffer) included since session 17;
+ * not role 2. ATTNLAB_FLASH_SM90_PERSIST=0 launches the grid of work items instead (to compare). */
 static inline int al_flash_sm90_bwd_persist(const al_flash_spec *s, int role) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_PERSIST");
-    if (s->variant || role == 2) return 0;
+    if (role == 2) return 0;
     if (e && strcmp(e, "0") == 0) return 0;
     if (e && strcmp(e, "dq") == 0) return role == 1;
     if (e && strcmp(e, "dkdv") == 0) return role == 0;
@@ -130,11 +130,12 @@ static inline int al_flash_sm90_bwd_pdl(void) {
     return !(e && strcmp(e, "0") == 0);
 }
 /* role 2 (dK/dV/dQ) adds two dS^T buffers of bm x bn 16-bit elements; the persistent kernels a second set of
- * owned rows */
+ * owned rows (and with a block mask a second tile list) */
 static inline int al_flash_sm90_bwd_smem(const al_flash_spec *s, int role) {
     const al_flash_sm90_tiles t = al_flash_sm90_bwd_tiles(s);
+    const int list = s->variant && s->block_mask ? 2 * AL_FLASH_SM90_BWD_BM_LIST + 16 : 0;
     return t.smem + (role == 2 ? 2 * t.bm * t.bn * 2 : 0) +
-           (al_flash_sm90_bwd_persist(s, role) ? 2 * t.bm * s->d * 2 : 0);
+           (al_flash_sm90_bwd_persist(s, role) ? 2 * t.bm * s->d * 2 + list : 0);
 }
 /* the launch grid of role's kernel for B x H (HG kv heads) x SQ x SKV (thd: the longest sequence): (row blocks,
  * heads, batch) = the work items, or persistent min(items, sms) CTAs (one per SM: the shared memory allows

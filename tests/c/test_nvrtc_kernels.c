@@ -195,7 +195,7 @@ static int has_opt(char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], int n, const 
 /* The Hopper backward's launch shapes (src/cuda/flash_sm90_specs.h; host arithmetic, no NVRTC): by default the
  * dK/dV and dQ kernels of every shipped specialisation are persistent (-DAL_SM90_PERSIST=1) and their shared
  * memory, the owned rows double-buffered, still fits sm_90's 227 KB opt-in limit; their grid is min(work items,
- * SMs); variants and the dK/dV/dQ kernel (role 2) never are; ATTNLAB_FLASH_SM90_PERSIST=0 / dq / dkdv choose;
+ * SMs); variants are too (a block mask's tile list doubled); the dK/dV/dQ kernel (role 2) never is; ATTNLAB_FLASH_SM90_PERSIST=0 / dq / dkdv choose;
  * ATTNLAB_FLASH_SM90_PDL=0 launches the dQ kernel without programmatic stream serialisation. */
 static void test_bwd_launch_shapes(void) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN];
@@ -218,9 +218,18 @@ static void test_bwd_launch_shapes(void) {
             CHECK(smem - plain == 2 * 128 * s.d * 2, "spec %d role %d: the second set of owned rows takes %d bytes, "
                   "expected %d", i, role, smem - plain, 2 * 128 * s.d * 2);
         }
-        al_flash_spec v = s;   /* a variant of it: never persistent (its block-mask list is per CTA) */
+        al_flash_spec v = s;   /* a variant of it: persistent as the plain kernel, with a block mask a second list */
         v.variant = 1;
-        CHECK(!al_flash_sm90_bwd_persist(&v, role), "spec %d role %d: a variant persistent", i, role);
+        CHECK(al_flash_sm90_bwd_persist(&v, role) == persist && al_flash_sm90_bwd_smem(&v, role) == smem,
+              "spec %d role %d: a variant persistent %d, %d bytes (the plain kernel: %d, %d)", i, role,
+              al_flash_sm90_bwd_persist(&v, role), al_flash_sm90_bwd_smem(&v, role), persist, smem);
+        v.block_mask = 1;
+        const int vs = al_flash_sm90_bwd_smem(&v, role), list = 2 * AL_FLASH_SM90_BWD_BM_LIST + 16;
+        CHECK(al_flash_sm90_bwd_persist(&v, role) == persist && vs == smem + (persist ? 2 : 1) * list &&
+                  vs <= 227 * 1024,
+              "spec %d role %d: a block-mask variant persistent %d, %d bytes (expected the plain kernel's %d + %d "
+              "lists of %d, within 232448)", i, role, al_flash_sm90_bwd_persist(&v, role), vs, smem, persist ? 2 : 1,
+              list);
     }
     al_flash_spec s;
     int role;

@@ -717,6 +717,49 @@ describe("variants on the GPU #gpu", function()
     end
   end)
 
+  -- The Hopper backward runs persistent (one CTA per SM walking the work items; with a block mask the producer
+  -- compacts each item's tile list): with more items than SMs (here 256 dK/dV and 512 dQ items) its gradients
+  -- must be bit-identical to one CTA per item (ATTNLAB_FLASH_SM90_PERSIST=0), for a block-masked document mask
+  -- (lists that differ from item to item) and for soft-capping (the sliced path)
+  it("the persistent backward == one CTA per item, bit for bit: documents with a block mask, soft-capping", function()
+    if not HAS_GPU then pending("no GPU") return end
+    local dev = al.cuda.device_info(0)
+    if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
+    al.manual_seed(31)
+    local B, S, H, HG, D = 4, 4096, 4, 2, 128
+    local ids = {}
+    for b = 1, B do
+      ids[b] = {}
+      local d, left = 0, 300 + 97 * b
+      for i = 1, S do
+        if left == 0 then d, left = d + 1, 300 + (d * 389 + 211 * b) % 700 end
+        ids[b][i], left = d, left - 1
+      end
+    end
+    local doc = al.tensor(ids, { dtype = "i32" })
+    local docs = function(b, _, q, k) return al.eq(doc[b][q], doc[b][k]) end
+    local o = { dtype = "bf16", device = "cuda" }
+    local base = { query_layer = al.randn({ B, S, H, D }, o), key_layer = al.randn({ B, S, HG, D }, o),
+      value_layer = al.randn({ B, S, HG, D }, o), qkv_format = "bshd", backend = "flash" }
+    local dout = al.randn({ B, S, H * D }, o)
+    for _, extra in ipairs({
+      { attn_mask_type = "causal", mask_mod = docs, block_mask = al.attention.block_mask(docs, B, 1, S, S, { block = 128 }) },
+      { attn_mask_type = "causal", score_mod = function(score) return 30 * al.tanh(score / 30) end } }) do
+      local g = {}
+      for _, pz in ipairs({ "0", "1" }) do
+        with_env("ATTNLAB_FLASH_SM90_PERSIST", pz ~= "1" and pz or nil, function()
+          local _, ctx = al.attention.forward(copy(base, extra))
+          g[pz] = al.attention.backward(ctx, dout)
+        end)
+      end
+      for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
+        local a, b = g["0"][k]:cpu():to("f64"), g["1"][k]:cpu():to("f64")
+        assert(a:abs():amax():item() > 0, k .. " is all zeros")
+        assert.equal(0, al.max_abs_diff(a, b))
+      end
+    end
+  end)
+
   it("causal via mask_mod + block mask == built-in causal on flash", function()
     if not HAS_GPU then pending("no GPU") return end
     local a = { query_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(), key_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(),
