@@ -320,7 +320,6 @@ AL_DEV void b90_ss_vn(float *acc, al_u32 own, al_u32 tile, int r0) {
 #define B90_KIND_OF(j) 1
 #endif
 
-
 /* a compile-time flag passed to a generic lambda (NVRTC has no <type_traits>) */
 template <bool B> struct b90_flag { static constexpr bool value = B; };
 
