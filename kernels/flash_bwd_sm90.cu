@@ -336,9 +336,11 @@ AL_DEV int b90_box_inside(const al_fl_seq &s, int q_lo, int q_hi, int k_lo, int 
     return in;
 }
 
-/* p.sched_hb is read by the default kernels without a window: computed coordinates live in registers where
- * blockIdx was re-read for free, and three causal d = 128 variant dK/dV kernels spilled 4-8 bytes with them */
-#define B90_SCHED (!AL_VARIANT && AL_MASK_KIND != 2)
+/* p.sched_hb (longest items first: the host sets it for causal and for block masks launched last block first,
+ * p.m_reverse) is read by the kernels without a window, except variants walking a grid of one CTA per item:
+ * there the computed coordinates live in registers where blockIdx was re-read for free, and three causal d = 128
+ * variant dK/dV kernels spilled 4-8 bytes with them. A persistent kernel computes them once per item. */
+#define B90_SCHED ((!AL_VARIANT || AL_SM90_PERSIST) && AL_MASK_KIND != 2)
 
 #if AL_SM90_ROLE == 0
 #define B90_NAME al_flash_bwd_sm90_dkdv

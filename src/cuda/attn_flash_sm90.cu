@@ -349,13 +349,16 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
         const int smem = al_flash_sm90_bwd_smem(&spec, fused ? 2 : role);
         CUresult r = cuFuncSetAttribute(fn[role], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
         al_flash_params prm_copy = *prm;
-        /* causal: longest blocks first (the variant kernels ignore it: B90_SCHED). A dK/dV CTA streams its kv
-         * head's group of q heads (q and dout, and two f32 per row), a dQ CTA its kv head's K and V (shared by
-         * the group's q heads) */
+        /* longest blocks first: causal, and block masks the forward launches last block first (p.m_reverse:
+         * causal-like, so the dQ kernel's last query blocks and the dK/dV kernel's first key blocks are the
+         * longest); variant kernels of one CTA per item ignore it (B90_SCHED). A dK/dV CTA streams its kv head's
+         * group of q heads (q and dout, and two f32 per row), a dQ CTA its kv head's K and V (shared by the
+         * group's q heads) */
         const int group = (int)(p->h / (p->hg > 0 ? p->hg : 1));
         const double per_row = role ? (double)(p->d_qk + p->d_v) * 2.0 : (double)(p->d_qk + p->d_v) * 2.0 + 8.0;
         const double rows = role ? (double)rows_kv / (thd ? p->b : 1) : (double)group * rows_q / (thd ? p->b : 1);
-        prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL, rows * per_row, role ? group : 1);
+        prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
+                                        rows * per_row, role ? group : 1);
         void *args[] = {&prm_copy, &tm[role]};
         if (r == CUDA_SUCCESS) {
             CUlaunchConfig cfg;
