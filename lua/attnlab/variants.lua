@@ -1056,6 +1056,10 @@ function Variant:__tostring()
       parts[#parts + 1] = string.format("  %-12s %s", k, ((tostring(s[k]):gsub("%s+$", "")):gsub("\n", "\n               ")))
     end
   end
+  if s.score_lo then   -- (score_bounds: where hi - lo <= 64 the bf16 Hopper forward's fixed softmax max)
+    parts[#parts + 1] = string.format("  bounds       %.9g <= logit <= %.9g%s", s.score_lo, s.score_hi,
+      s.score_hi - s.score_lo <= 64 and " (the Hopper forward's fixed max)" or "")
+  end
   for _, rec in ipairs(self.captures) do
     parts[#parts + 1] = string.format("  capture %d    %s %s%s", rec.k + 1, rec.tensor:dtype(), rec.shape_str,
       rec.requires_grad and " (param: gradient returned)" or "")
