@@ -1243,9 +1243,9 @@ local function interval(root, box, caps_range)
     elseif op == "max" then local l1, h1 = I(a); local l2, h2 = I(b); lo, hi = math.max(l1, l2), math.max(h1, h2)
     elseif op == "exp" then local l1, h1 = I(a); lo, hi = math.exp(l1), math.exp(h1)
     elseif op == "tanh" then local l1, h1 = I(a); lo, hi = math.tanh(l1), math.tanh(h1)
-    elseif op == "load" then
+    elseif op == "load" and caps_range[n.x + 1] then   -- (a capture with no range given: unbounded)
       local r = caps_range[n.x + 1]
-      if r then lo, hi = r.lo, r.hi end
+      lo, hi = r.lo, r.hi
       -- a small box of the capture: its exact value range there
       local box_lo, box_hi, cnt = {}, {}, 1
       for d = 1, #n.args do
@@ -1255,7 +1255,7 @@ local function interval(root, box, caps_range)
         box_lo[d], box_hi[d] = l1, h1
         cnt = cnt * (h1 - l1 + 1)
       end
-      if r and cnt <= 65536 then
+      if cnt <= 65536 then
         local key = n.x .. ":" .. table.concat(box_lo, ",") .. ":" .. table.concat(box_hi, ",")
         local hit = r.cache[key]
         if not hit then
@@ -1291,19 +1291,9 @@ M._interval = interval
 
 -- score_bounds(root): lo, hi with lo <= the new logit <= hi for every input, or nil when the interval arithmetic
 -- cannot bound it. The C side gets them as al_attn_variant.score_lo / score_hi: the Hopper forward then uses hi as a
--- fixed softmax max where hi - lo <= 64 (soft-capping at c: [-c, c]). A capture read leaves the logit unbounded
--- here: a capture's values are data, which may change after the variant is built.
+-- fixed softmax max where hi - lo <= 64 (soft-capping at c: [-c, c]). No capture ranges are given, so a capture
+-- read is unbounded: a capture's values are data, which may change after the variant is built.
 score_bounds = function(root)
-  local loads = false
-  local seen = {}
-  local function walk(n)
-    if seen[n] then return end
-    seen[n] = true
-    if n.op == "load" then loads = true end
-    for _, x in ipairs(n.args) do walk(x) end
-  end
-  walk(root)
-  if loads then return nil end
   local lo, hi = interval(root, {}, {})
   if lo > -huge and hi < huge then return lo, hi end
   return nil
