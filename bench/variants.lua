@@ -9,7 +9,8 @@
 -- 4. compile cost: a fresh variant's first call (NVRTC compile, target <= 1 s) and the same variant in
 --    a fresh process (disk-cached cubin load, target <= 10 ms), as first-call minus warm-call times.
 -- Without a usable GPU it says so and exits 0.
--- Usage: luajit bench/variants.lua [--quick] [--only N ...]   (--child-compile is the fresh-process half of 4)
+-- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments]
+--   (--experiments: section 1 also times build switches under test; --child-compile is the fresh-process half of 4)
 -- Each ratio compares configurations timed in interleaved rounds (median of 3; 1 with --quick).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
@@ -157,11 +158,21 @@ if section(1) then
     -- forward a fixed one, kernels/flash_fwd_sm90.cu's AL_FL_FIXED_MAX)
     local running = with(a, { score_mod = sc })
     ENV[running] = { "ATTNLAB_FLASH_SM90_FIXED_MAX", "0" }
-    local m = measure(a, with(a, { score_mod = sc }), running)
+    local configs, names = { a, with(a, { score_mod = sc }), running },
+      { "plain (reference)", "softcap 30 (score_mod)", "softcap 30, running max" }
+    if flags["--experiments"] then
+      -- the kernels' build switches under test (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants.lua)
+      for _, x in ipairs({ { "AL_SM90_LEAN_MOD=1", "softcap 30, lean backward" },
+        { "AL_SM90_PINGPONG=0", "softcap 30, fwd without ping-pong" },
+        { "AL_SM90_PIPE=0", "softcap 30, fwd without S/O overlap" } }) do
+        local c = with(a, { score_mod = sc })
+        ENV[c] = { "ATTNLAB_VARIANT_DEFINES", x[1] }
+        configs[#configs + 1], names[#names + 1] = c, x[2]
+      end
+    end
+    local m = measure(unpack(configs))
     local rf, rb = m[1][1], m[1][2]
-    row("plain (reference)", b, s, flops, rf, rb, rf, rb)
-    row("softcap 30 (score_mod)", b, s, flops, m[2][1], m[2][2], rf, rb)
-    row("softcap 30, running max", b, s, flops, m[3][1], m[3][2], rf, rb)
+    for i, name in ipairs(names) do row(name, b, s, flops, m[i][1], m[i][2], rf, rb) end
   end
 end
 

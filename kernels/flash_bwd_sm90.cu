@@ -130,11 +130,22 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
  * score: score_mod (and its gradient) or a capture gradient. A variant with mask_mod only (and/or a block
  * mask) takes the plain path, which applies mask_mod through al_fl_valid where the block is partial: the
  * sliced path's m64n16/n32 products made causal-through-mask_mod's backward 1.21-1.26x built-in causal. */
-#if AL_VARIANT && (AL_HAS_SCORE_MOD || AL_HAS_CAPTURE_GRAD)
+/* AL_SM90_LEAN_MOD 1 (an experiment, bf16 only; the prelude gets it from ATTNLAB_VARIANT_DEFINES): a score_mod
+ * without a capture gradient takes the plain path too (B90_LEAN_MOD). Step 2 computes P from the logit through
+ * score_mod and, sharing its tanh / exp, score_grad's factor f = d(logit)/d(score) (score_grad is linear in its
+ * grad argument: the chain rule), and packs P (dV's operand, dK/dV kernel only) and P f (zero where masked) in
+ * bf16; step 4 is dS = (P f)(dP - D), as the plain path's P (dP - D). Session 14's first version kept f apart from
+ * P (16 more registers: 24 bytes spilled at d = 128), evaluated tanh 1.5 times per element (the folded logit) and
+ * loaded D from global memory; it was slower than the sliced path (docs/FLASH.md). */
+#ifndef AL_SM90_LEAN_MOD
+#define AL_SM90_LEAN_MOD 0
+#endif
+#if AL_VARIANT && (AL_HAS_CAPTURE_GRAD || (AL_HAS_SCORE_MOD && !(AL_SM90_LEAN_MOD && AL_BF16)))
 #define B90_SLICED 1
 #else
 #define B90_SLICED 0
 #endif
+#define B90_LEAN_MOD (AL_VARIANT && AL_HAS_SCORE_MOD && !B90_SLICED)
 /* The dK/dV kernel's plain path gets each query tile's lse2 and D columns from shared memory: the producer warp
  * copies them with cp.async beside the tile's TMA loads (zero-filled past q_len, where P is masked anyway), and
  * the tile's "full" barrier also waits for those copies (32 more arrivals). The consumers used to load them
@@ -889,10 +900,23 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
              * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). Compiled twice: all_in
              * (a b90_flag) says every element of the tile is kept, and that copy has no per-element test. */
             al_u32 pa[BN / 16][4];
+#if B90_LEAN_MOD
+            /* role 0: P f beside P (dV's operand); role 1 needs no P, pa holds P f */
+#if AL_SM90_ROLE == 0
+            al_u32 pf[BN / 16][4];
+            al_fl_seq sm = s;                            /* the hooks' h: this tile's query head */
+            sm.h = hq;
+#else
+            const al_fl_seq &sm = s;
+#endif
+#endif
             auto p_step = [&](auto all_in) {
 #pragma unroll
             for (int t = 0; t < BN / 8; t++) {
                 float pe[4];
+#if B90_LEAN_MOD && AL_SM90_ROLE == 0
+                float fe[4];
+#endif
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
@@ -911,10 +935,33 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #else
                     const float l2 = lr[e >> 1];
 #endif
+#if B90_LEAN_MOD
+#if AL_SM90_ROLE == 0
+                    const int qi = col, kj = orow;
+#else
+                    const int qi = orow, kj = col;
+#endif
+                    /* one tanh / exp for both: the logit is AL_SCORE_MOD(raw * scale) (AL_FL_BACKWARD) */
+                    const float raw = sc[t * 4 + e];
+                    const float pv = al_ex2(al_fl_logit2(sm, raw, p.scale, sl2, 0.0f, qi, kj) - l2);
+                    const float fv = AL_SCORE_MOD_GRAD(1.0f, raw * p.scale, sm.b, sm.h, min(qi, sm.q_len - 1),
+                                                       min(kj, sm.kv_len - 1));
+#if AL_SM90_ROLE == 0
+                    pe[e] = ok ? pv : 0.0f;
+                    fe[e] = ok ? pv * fv : 0.0f;
+#else
+                    pe[e] = ok ? pv * fv : 0.0f;
+#endif
+#else
                     pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
+#endif
                 }
                 pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pe[0], pe[1]);
                 pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pe[2], pe[3]);
+#if B90_LEAN_MOD && AL_SM90_ROLE == 0
+                pf[t >> 1][(t & 1) * 2 + 0] = al_pack2(fe[0], fe[1]);
+                pf[t >> 1][(t & 1) * 2 + 1] = al_pack2(fe[2], fe[3]);
+#endif
             }
             };
             /* the test-free copy: a tile whose whole box lies inside the lengths and the band (a uniform test), or
@@ -944,6 +991,9 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             al_wg_fence_regs_n64(dp);
 #if AL_SM90_ROLE == 0
             AL_WG_FENCE_D(acc0);
+#if B90_LEAN_MOD
+            al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);   /* dV's operand, retired: step 4 reads P f */
+#endif
 #endif
 
             /* 4. dS = P (dP - D). The f32 P died in step 2 to save registers. bf16: in f32 from the packed
@@ -964,7 +1014,11 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
 #if AL_BF16
                     float p0, p1;
+#if B90_LEAN_MOD && AL_SM90_ROLE == 0
+                    b90_unpack2(pf[t >> 1][(t & 1) * 2 + h2], p0, p1);   /* P f */
+#else
                     b90_unpack2(pa[t >> 1][(t & 1) * 2 + h2], p0, p1);
+#endif
                     da[t >> 1][(t & 1) * 2 + h2] =
                         al_pack2(p0 * (dp[t * 4 + 2 * h2] - d0), p1 * (dp[t * 4 + 2 * h2 + 1] - d1));
 #else
@@ -972,7 +1026,9 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                     da[t >> 1][(t & 1) * 2 + h2] = b90_mul2(pa[t >> 1][(t & 1) * 2 + h2], g2);
 #endif
                 }
+#if !(B90_LEAN_MOD && AL_SM90_ROLE == 0)
             al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
+#endif
 #if AL_SM90_DQ_ATOMIC
             /* dS^T into buffer j & 1: fragment (t, h2) is key row rl + 8 h2, query columns 8 t + 2 tq (+1), i.e.
              * 16-byte chunk t of a 128-byte row, swizzled to chunk t ^ (row & 7) (8 rows x 4 tq per warp and t:

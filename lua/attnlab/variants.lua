@@ -804,6 +804,13 @@ local function gen_cuda(root, caps, uses, pre)
   return E(root)
 end
 
+-- The kernels' build switches ATTNLAB_VARIANT_DEFINES may set (each read with #ifndef in kernels/):
+local VARIANT_DEFINES = {
+  AL_SM90_PINGPONG = "flash_fwd_sm90.cu: the two consumer warpgroups take turns on the tensor cores (1 default)",
+  AL_SM90_PIPE = "flash_fwd_sm90.cu: S(j+1) issued with O += P(j) V(j) (1 default at d <= 128)",
+  AL_SM90_LEAN_MOD = "flash_bwd_sm90.cu: bf16 score_mod without capture gradients on the plain path (0 default)",
+}
+
 local function cuda_prelude(uses)
   local p = {}
   if uses.mod then
@@ -835,6 +842,20 @@ local function cuda_prelude(uses)
     -- ATTNLAB_VARIANT_EX2_FMA=k sets k (0: off), for measurements.
     local k = tonumber(os.getenv("ATTNLAB_VARIANT_EX2_FMA") or "") or 8
     if k > 0 then p[#p + 1] = string.format("#define AL_EX2_FMA_EVERY %d", math.floor(k)) end
+  end
+  -- ATTNLAB_VARIANT_DEFINES="NAME=N ..." (A/B measurements of the kernels' build switches): each becomes a
+  -- #define of every variant source, so it is part of the cache keys. Only switches that leave the launch
+  -- (tiles, threads, shared memory) as the host computes it: see VARIANT_DEFINES.
+  for def in (os.getenv("ATTNLAB_VARIANT_DEFINES") or ""):gmatch("[^%s,]+") do
+    local name, val = def:match("^([%w_]+)=(%d+)$")
+    if not (name and VARIANT_DEFINES[name]) then
+      local names = {}
+      for k in pairs(VARIANT_DEFINES) do names[#names + 1] = k end
+      table.sort(names)
+      error("ATTNLAB_VARIANT_DEFINES: expected NAME=N items (N a non-negative integer) separated by spaces or " ..
+        "commas, NAME one of " .. table.concat(names, ", ") .. "; got '" .. def .. "'", 0)
+    end
+    p[#p + 1] = string.format("#define %s %s", name, val)
   end
   if #p == 0 then return nil end
   return table.concat(p, "\n") .. "\n"

@@ -144,6 +144,26 @@ describe("variants: tracer and code generation", function()
     assert.is_nil(src({ mask_mod = function(b, h, q, kv) return al.ge(q, kv) end }).score_hi)
   end)
 
+  it("ATTNLAB_VARIANT_DEFINES puts the allowed build switches in the prelude and names what it rejects", function()
+    local sc = { score_mod = function(score) return 30 * al.tanh(score / 30) end }
+    local plain = src(sc).prelude
+    with_env("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=1, AL_SM90_PINGPONG=0", function()
+      local p = src(sc).prelude
+      assert.truthy(p:find("#define AL_SM90_LEAN_MOD 1\n", 1, true), p)
+      assert.truthy(p:find("#define AL_SM90_PINGPONG 0\n", 1, true), p)
+      assert.truthy(p:find(plain, 1, true))     -- the rest unchanged
+      -- a mask_mod-only variant (no prelude of its own) gets one
+      assert.truthy(src({ mask_mod = function(b, h, q, kv) return al.ge(q, kv) end }).prelude:find("AL_SM90_PINGPONG", 1, true))
+    end)
+    for _, bad in ipairs({ "AL_SM90_BN=64", "AL_SM90_PIPE=x", "AL_SM90_PIPE", "AL_SM90_PIPE=-1" }) do
+      with_env("ATTNLAB_VARIANT_DEFINES", bad, function()
+        local e = err_of(src, sc)
+        assert.truthy(e:find("ATTNLAB_VARIANT_DEFINES", 1, true) and e:find("'" .. bad .. "'", 1, true), e)
+        assert.truthy(e:find("AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE", 1, true), e)
+      end)
+    end
+  end)
+
   it("where / land / lor / lnot / min / max / sqrt / exp / log / % / ^ generate C", function()
     local s = src({ score_mod = function(score, b, h, q, kv)
       return al.where(al.lor(al.lnot(al.lt(q, kv)), al.eq(q % 2, 0)), al.max(score, -5) ^ 2 + al.sqrt(al.exp(score)),
@@ -759,6 +779,53 @@ describe("variants on the GPU #gpu", function()
       end
     end
   end)
+
+  -- The kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES): the lean score_mod backward
+  -- (AL_SM90_LEAN_MOD=1: soft-capping, ALiBi through a capture read, soft-capping beside a block-masked document
+  -- mask_mod, GQA, d = 64 and 128; a capture gradient keeps the sliced path) and the forward without ping-pong or
+  -- without the S / O overlap, each against the CPU oracle
+  for _, defs in ipairs({ "AL_SM90_LEAN_MOD=1", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0" }) do
+    it("[ATTNLAB_VARIANT_DEFINES=" .. defs .. "] score_mod variants: flash (bf16) == CPU oracle, forward and backward",
+       function()
+      if not HAS_GPU then pending("no GPU") return end
+      local dev = al.cuda.device_info(0)
+      if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
+      with_env("ATTNLAB_VARIANT_DEFINES", defs, function()
+        al.manual_seed(37)
+        local softcap = function(score) return 30 * al.tanh(score / 30) end
+        local doc = EX.document.mask_mod
+        local cases = {
+          { "softcap", softcap, nil }, { "alibi", EX.alibi.score_mod, nil },
+          { "relative_bias", EX.relative_bias.score_mod, nil, EX.relative_bias.param },
+          { "softcap + document + block mask", softcap, doc },
+        }
+        for _, d in ipairs({ 64, 128 }) do
+          for _, c in ipairs(cases) do
+            local a = { query_layer = rnd({ B, S, H, d }, "bf16"), key_layer = rnd({ B, S, HG, d }, "bf16"),
+              value_layer = rnd({ B, S, HG, d }, "bf16"), qkv_format = "bshd", attn_mask_type = "causal",
+              score_mod = c[2], mask_mod = c[3] }
+            if c[3] then a.block_mask = al.attention.block_mask(c[3], B, H, S, S, { block = 128 }) end
+            a.dout = rnd({ B, S, H * d }, "bf16")
+            local oc, gc = run(a, "cpu")
+            a.backend = "flash"
+            local og, gg, ctx = run(a, "cuda")
+            assert.truthy(ctx.cvariant.prelude ~= nil and ffi.string(ctx.cvariant.prelude):find(defs:gsub("=", " "), 1, true))
+            local what = c[1] .. " d=" .. d
+            assert(al.max_abs_diff(og, oc) < 2e-2, what .. " out: " .. al.max_abs_diff(og, oc))
+            for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
+              local dd = al.max_abs_diff(gg[k]:cpu():to("f64"), gc[k]:to("f64"))
+              assert(dd < 5e-2, what .. " " .. k .. ": " .. dd)
+            end
+            if c[4] then
+              local want = gc.captures[c[4]]:to("f64")
+              local dd = al.max_abs_diff(gg.captures[c[4]]:cpu():to("f64"), want)
+              assert(dd < 2e-2 * math.max(1, want:abs():amax():item()), what .. " capture grad: " .. dd)
+            end
+          end
+        end
+      end)
+    end)
+  end
 
   it("causal via mask_mod + block mask == built-in causal on flash", function()
     if not HAS_GPU then pending("no GPU") return end
