@@ -164,7 +164,8 @@ if section(1) then
       -- the kernels' build switches under test (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants.lua)
       for _, x in ipairs({ { "AL_SM90_LEAN_MOD=1", "softcap 30, lean backward" },
         { "AL_SM90_PINGPONG=0", "softcap 30, fwd without ping-pong" },
-        { "AL_SM90_PIPE=0", "softcap 30, fwd without S/O overlap" } }) do
+        { "AL_SM90_PIPE=0", "softcap 30, fwd without S/O overlap" },
+        { "AL_TANH_FMA_EVERY=4", "softcap 30, fwd tanh FMA-pipe k=4" } }) do
         local c = with(a, { score_mod = sc })
         ENV[c] = { "ATTNLAB_VARIANT_DEFINES", x[1] }
         configs[#configs + 1], names[#names + 1] = c, x[2]

@@ -37,6 +37,9 @@
  *       n8 column group of its score tiles with al_ex2_fma (FMA pipe) instead of ex2.approx (MUFU), so
  *       that a score_mod with its own MUFU operation (tanh, exp, log, sqrt) leaves the multi-function
  *       unit less loaded; the generated prelude defines it when the expression holds one.
+ *   AL_TANH_FMA_EVERY k (an experiment, bf16; ATTNLAB_VARIANT_DEFINES): the Hopper forward evaluates a
+ *       score_mod's tanh in every k-th n8 column group (t % k == k - 1, apart from AL_EX2_FMA_EVERY's) with
+ *       al_tanh_fma; the prelude's al_v_tanh macro reads al_fl_mod_pre's al_tanh_fma_now flag.
  *   AL_MASK_MOD(b, h, q_idx, kv_idx)           -> int, nonzero = keep (FlexAttention's mask_mod).
  *       Applied on top of the length/causal/window rule (they compose: an element is kept when both
  *       keep it). Default: 1 (and no per-element cost).
@@ -215,6 +218,29 @@ AL_DEV float al_ex2_fma(float x) {
     /* below 2^-126 (a masked score's -inf included) the result is 0, as ex2.approx.ftz's: with the clamp alone
      * it was 2^-126, so a row whose every score is masked got l > 0 (output: a mean of V rows, not 0) */
     return x < -126.0f ? 0.0f : __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
+}
+
+/* tanh on the FMA and integer pipes, for a score_mod's tanh in every k-th column group of the Hopper forward
+ * (AL_TANH_FMA_EVERY, an experiment: the prelude's al_v_tanh macro picks it where al_tanh_fma_now is true):
+ * tanh x = sign(x) h(u), u = 2^(-2 log2(e) |x|) in (0, 1], h(u) = (1 - u) / (1 + u). u as al_ex2_fma but with a
+ * degree-3 polynomial (relative error 7.7e-5; the exponent clamped at -126, where h is 1 within its own error),
+ * h by a degree-5 polynomial on [0, 1] (least squares on Chebyshev nodes: absolute error 8.7e-5). tanh's absolute
+ * error 1.0e-4 at most, below tanh.approx.f32's (2^-11 relative, ~4.9e-4 near +-1), which is what matters here:
+ * P's relative error is the logit's absolute one. 16 instructions for one MUFU operation. */
+AL_DEV float al_tanh_fma(float x) {
+    const float y = fmaxf(-2.885390082f * fabsf(x), -126.0f);
+    const float j = y + 12582912.0f;
+    const float f = y - (j - 12582912.0f);
+    float p = fmaf(5.508868396e-02f, f, 2.426040471e-01f);
+    p = fmaf(p, f, 6.932762265e-01f);
+    p = fmaf(p, f, 9.999289513e-01f);
+    const float u = __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
+    float h = fmaf(-2.153069824e-01f, u, 8.519926667e-01f);
+    h = fmaf(h, u, -1.555565715e+00f);
+    h = fmaf(h, u, 1.912150860e+00f);
+    h = fmaf(h, u, -1.993245363e+00f);
+    h = fmaf(h, u, 9.999129176e-01f);
+    return copysignf(h, x);
 }
 
 /* two floats -> one register of two 16-bit values (lo in the low half), round to nearest even */
@@ -409,9 +435,11 @@ AL_DEV int al_fl_block(const al_flash_params &p, int b, int h, int m0, int n0) {
 #else
 #define AL_FL_MOD_POST2 AL_LOG2E
 #endif
-AL_DEV float al_fl_mod_pre(const al_fl_seq &s, float acc, float scale, int i, int j) {
+AL_DEV float al_fl_mod_pre(const al_fl_seq &s, float acc, float scale, int i, int j, bool al_tanh_fma_now = false) {
     /* clamped: tile rows/columns past the lengths are masked or discarded, but the hook may index
-     * captured tensors with q_idx / kv_idx */
+     * captured tensors with q_idx / kv_idx. al_tanh_fma_now: read by the prelude's al_v_tanh macro under
+     * AL_TANH_FMA_EVERY (al_tanh_fma instead of the MUFU tanh); unused otherwise */
+    (void)al_tanh_fma_now;
     const int qi = min(i, s.q_len - 1), kj = min(j, s.kv_len - 1);
 #if AL_HAS_SCORE_PRE
     return AL_SCORE_PRE(acc, scale, s.b, s.h, qi, kj);

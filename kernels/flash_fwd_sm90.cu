@@ -73,6 +73,9 @@
 #ifndef AL_SM90_PINGPONG
 #define AL_SM90_PINGPONG (AL_SM90_CONSUMERS == 2)
 #endif
+#ifndef AL_TANH_FMA_EVERY   /* flash_common.cuh: an experiment, off */
+#define AL_TANH_FMA_EVERY 0
+#endif
 #if AL_BLOCK_MASK && !defined(AL_SM90_BM_LIST)
 #error "AL_BLOCK_MASK needs AL_SM90_BM_LIST (the host's bound on key tiles per Q block)"
 #endif
@@ -102,6 +105,8 @@ constexpr int PRODUCER_REGS = 64;
 constexpr int CONSUMER_REGS = 216;
 constexpr bool PIPE = AL_SM90_PIPE;           /* S(j+1) and O += P(j) V(j) issued together */
 constexpr bool PINGPONG = AL_SM90_PINGPONG;   /* the two consumers alternate on the tensor cores */
+/* score_mod's tanh on the FMA pipe in column groups t with (t + 1) % TANH_FMA_K == 0 (none when off: t < BN / 8) */
+constexpr int TANH_FMA_K = AL_TANH_FMA_EVERY > 0 ? AL_TANH_FMA_EVERY : BN;
 static_assert(!PINGPONG || NC == 2, "ping-pong needs exactly two consumer warpgroups");
 static_assert(BN == 64 || BN == 128, "BLOCK_N is 64 or 128");
 static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128, 256");
@@ -343,7 +348,8 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 sc[t * 4 + e] = al_fl_mod_pre(s, sc[t * 4 + e], p.scale, r0 + ((e >> 1) << 3),
-                                              n0 + t * 8 + tq * 2 + (e & 1));
+                                              n0 + t * 8 + tq * 2 + (e & 1),
+                                              (t + 1) % TANH_FMA_K == 0);
 #endif
         const int mod_on = AL_HAS_MASK_MOD && blk != 2;   /* full blocks keep every element mask_mod would */
         int need_mask = mod_on || n0 + BN > s.kv_len;

@@ -809,10 +809,26 @@ local VARIANT_DEFINES = {
   AL_SM90_PINGPONG = "flash_fwd_sm90.cu: the two consumer warpgroups take turns on the tensor cores (1 default)",
   AL_SM90_PIPE = "flash_fwd_sm90.cu: S(j+1) issued with O += P(j) V(j) (1 default at d <= 128)",
   AL_SM90_LEAN_MOD = "flash_bwd_sm90.cu: bf16 score_mod without capture gradients on the plain path (0 default)",
+  AL_TANH_FMA_EVERY = "flash_fwd_sm90.cu: a bf16 score_mod's tanh on the FMA pipe in every k-th column group (0 default)",
 }
 
 local function cuda_prelude(uses)
-  local p = {}
+  local p, defs = {}, {}
+  -- ATTNLAB_VARIANT_DEFINES="NAME=N ..." (A/B measurements of the kernels' build switches): each becomes a
+  -- #define at the top of every variant source, so it is part of the cache keys. Only switches that leave the
+  -- launch (tiles, threads, shared memory) as the host computes it: see VARIANT_DEFINES.
+  for def in (os.getenv("ATTNLAB_VARIANT_DEFINES") or ""):gmatch("[^%s,]+") do
+    local name, val = def:match("^([%w_]+)=(%d+)$")
+    if not (name and VARIANT_DEFINES[name]) then
+      local names = {}
+      for k in pairs(VARIANT_DEFINES) do names[#names + 1] = k end
+      table.sort(names)
+      error("ATTNLAB_VARIANT_DEFINES: expected NAME=N items (N a non-negative integer) separated by spaces or " ..
+        "commas, NAME one of " .. table.concat(names, ", ") .. "; got '" .. def .. "'", 0)
+    end
+    p[#p + 1] = string.format("#define %s %s", name, val)
+    defs[name] = tonumber(val)
+  end
   if uses.mod then
     p[#p + 1] = "static __device__ __forceinline__ int al_v_imod(int a, int m) { int r = a % m; return (r != 0 && ((r < 0) != (m < 0))) ? r + m : r; }"
     p[#p + 1] = "static __device__ __forceinline__ float al_v_fmod(float a, float m) { return a - floorf(a / m) * m; }"
@@ -830,6 +846,14 @@ local function cuda_prelude(uses)
       "  const float e = __expf(2.0f * fabsf(x)); return copysignf(1.0f - __fdividef(2.0f, e + 1.0f), x);\n" ..
       "#endif\n" ..
       "}"
+    -- AL_TANH_FMA_EVERY (an experiment): where the Hopper forward's al_fl_mod_pre says al_tanh_fma_now, the FMA-pipe
+    -- al_tanh_fma (kernels/flash_common.cuh); everywhere else this constant false keeps the MUFU tanh
+    if (defs.AL_TANH_FMA_EVERY or 0) > 0 then
+      p[#p + 1] = "#if defined(AL_BF16) && AL_BF16\n" ..
+        "static constexpr bool al_tanh_fma_now = false;\n" ..
+        "#define al_v_tanh(x) (al_tanh_fma_now ? al_tanh_fma(x) : al_v_tanh(x))\n" ..
+        "#endif"
+    end
   end
   if uses.iminmax then
     p[#p + 1] = "static __device__ __forceinline__ int al_v_imin(int a, int b) { return a < b ? a : b; }"
@@ -842,20 +866,6 @@ local function cuda_prelude(uses)
     -- ATTNLAB_VARIANT_EX2_FMA=k sets k (0: off), for measurements.
     local k = tonumber(os.getenv("ATTNLAB_VARIANT_EX2_FMA") or "") or 8
     if k > 0 then p[#p + 1] = string.format("#define AL_EX2_FMA_EVERY %d", math.floor(k)) end
-  end
-  -- ATTNLAB_VARIANT_DEFINES="NAME=N ..." (A/B measurements of the kernels' build switches): each becomes a
-  -- #define of every variant source, so it is part of the cache keys. Only switches that leave the launch
-  -- (tiles, threads, shared memory) as the host computes it: see VARIANT_DEFINES.
-  for def in (os.getenv("ATTNLAB_VARIANT_DEFINES") or ""):gmatch("[^%s,]+") do
-    local name, val = def:match("^([%w_]+)=(%d+)$")
-    if not (name and VARIANT_DEFINES[name]) then
-      local names = {}
-      for k in pairs(VARIANT_DEFINES) do names[#names + 1] = k end
-      table.sort(names)
-      error("ATTNLAB_VARIANT_DEFINES: expected NAME=N items (N a non-negative integer) separated by spaces or " ..
-        "commas, NAME one of " .. table.concat(names, ", ") .. "; got '" .. def .. "'", 0)
-    end
-    p[#p + 1] = string.format("#define %s %s", name, val)
   end
   if #p == 0 then return nil end
   return table.concat(p, "\n") .. "\n"

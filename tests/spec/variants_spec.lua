@@ -154,12 +154,19 @@ describe("variants: tracer and code generation", function()
       assert.truthy(p:find(plain, 1, true))     -- the rest unchanged
       -- a mask_mod-only variant (no prelude of its own) gets one
       assert.truthy(src({ mask_mod = function(b, h, q, kv) return al.ge(q, kv) end }).prelude:find("AL_SM90_PINGPONG", 1, true))
+      assert.falsy(p:find("al_tanh_fma", 1, true))
+    end)
+    -- the FMA-pipe tanh: defined first, then the macro that picks it where the forward asks
+    with_env("ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4", function()
+      local p = src(sc).prelude
+      local d, m = p:find("#define AL_TANH_FMA_EVERY 4", 1, true), p:find("#define al_v_tanh(x) (al_tanh_fma_now ?", 1, true)
+      assert.truthy(d and m and d < m and p:find("float al_v_tanh(float x)", 1, true) < m, p)
     end)
     for _, bad in ipairs({ "AL_SM90_BN=64", "AL_SM90_PIPE=x", "AL_SM90_PIPE", "AL_SM90_PIPE=-1" }) do
       with_env("ATTNLAB_VARIANT_DEFINES", bad, function()
         local e = err_of(src, sc)
         assert.truthy(e:find("ATTNLAB_VARIANT_DEFINES", 1, true) and e:find("'" .. bad .. "'", 1, true), e)
-        assert.truthy(e:find("AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE", 1, true), e)
+        assert.truthy(e:find("AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE, AL_TANH_FMA_EVERY", 1, true), e)
       end)
     end
   end)
@@ -784,7 +791,7 @@ describe("variants on the GPU #gpu", function()
   -- (AL_SM90_LEAN_MOD=1: soft-capping, ALiBi through a capture read, soft-capping beside a block-masked document
   -- mask_mod, GQA, d = 64 and 128; a capture gradient keeps the sliced path) and the forward without ping-pong or
   -- without the S / O overlap, each against the CPU oracle
-  for _, defs in ipairs({ "AL_SM90_LEAN_MOD=1", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0" }) do
+  for _, defs in ipairs({ "AL_SM90_LEAN_MOD=1", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0", "AL_TANH_FMA_EVERY=2" }) do
     it("[ATTNLAB_VARIANT_DEFINES=" .. defs .. "] score_mod variants: flash (bf16) == CPU oracle, forward and backward",
        function()
       if not HAS_GPU then pending("no GPU") return end
@@ -806,11 +813,15 @@ describe("variants on the GPU #gpu", function()
               score_mod = c[2], mask_mod = c[3] }
             if c[3] then a.block_mask = al.attention.block_mask(c[3], B, H, S, S, { block = 128 }) end
             a.dout = rnd({ B, S, H * d }, "bf16")
-            local oc, gc = run(a, "cpu")
+            local oc, gc, cctx = run(a, "cpu")
             a.backend = "flash"
             local og, gg, ctx = run(a, "cuda")
             assert.truthy(ctx.cvariant.prelude ~= nil and ffi.string(ctx.cvariant.prelude):find(defs:gsub("=", " "), 1, true))
             local what = c[1] .. " d=" .. d
+            -- the LSE: soft-capping at 30 makes a tanh error of e an error of 30 e in the logit (tanh.approx.f32:
+            -- up to ~4.9e-4 near +-1; al_tanh_fma, half of the columns here: 1.0e-4)
+            local dl = al.max_abs_diff(ctx.lse:cpu():to("f64"), cctx.lse:to("f64"))
+            assert(dl < 2e-2, what .. " lse: " .. dl)
             assert(al.max_abs_diff(og, oc) < 2e-2, what .. " out: " .. al.max_abs_diff(og, oc))
             for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
               local dd = al.max_abs_diff(gg[k]:cpu():to("f64"), gc[k]:to("f64"))
