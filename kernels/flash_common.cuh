@@ -228,7 +228,8 @@ AL_DEV float al_ex2_fma(float x) {
  * error 1.0e-4 at most, below tanh.approx.f32's (2^-11 relative, ~4.9e-4 near +-1), which is what matters here:
  * P's relative error is the logit's absolute one. 16 instructions for one MUFU operation. */
 AL_DEV float al_tanh_fma(float x) {
-    const float y = fmaxf(-2.885390082f * fabsf(x), -126.0f);
+    float y;   /* max.NaN: a NaN x stays NaN to the end (fmaxf would turn it into -126, so tanh(NaN) = +-1) */
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(-2.885390082f * fabsf(x)), "f"(-126.0f));
     const float j = y + 12582912.0f;
     const float f = y - (j - 12582912.0f);
     float p = fmaf(5.508868396e-02f, f, 2.426040471e-01f);
