@@ -226,16 +226,18 @@ AL_DEV float al_ex2_fma(float x) {
  * degree-3 polynomial (relative error 7.7e-5; the exponent clamped at -126, where h is 1 within its own error),
  * h by a degree-5 polynomial on [0, 1] (least squares on Chebyshev nodes: absolute error 8.7e-5). tanh's absolute
  * error 1.0e-4 at most, below tanh.approx.f32's (2^-11 relative, ~4.9e-4 near +-1), which is what matters here:
- * P's relative error is the logit's absolute one. 16 instructions for one MUFU operation. */
+ * P's relative error is the logit's absolute one. 17 instructions for one MUFU operation. */
 AL_DEV float al_tanh_fma(float x) {
-    float y;   /* max.NaN: a NaN x stays NaN to the end (fmaxf would turn it into -126, so tanh(NaN) = +-1) */
+    float y;   /* max.NaN keeps a NaN x a NaN (fmaxf would make it -126, and tanh(NaN) +-1) */
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(-2.885390082f * fabsf(x)), "f"(-126.0f));
     const float j = y + 12582912.0f;
     const float f = y - (j - 12582912.0f);
     float p = fmaf(5.508868396e-02f, f, 2.426040471e-01f);
     p = fmaf(p, f, 6.932762265e-01f);
     p = fmaf(p, f, 9.999289513e-01f);
-    const float u = __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
+    /* u = p 2^n, 2^n built in the exponent field (n in [-126, 0]); a multiply rather than an integer add to p's
+     * exponent, so that a NaN p stays NaN */
+    const float u = p * __int_as_float((__float_as_int(j) << 23) + 0x3f800000);
     float h = fmaf(-2.153069824e-01f, u, 8.519926667e-01f);
     h = fmaf(h, u, -1.555565715e+00f);
     h = fmaf(h, u, 1.912150860e+00f);
