@@ -789,8 +789,8 @@ describe("variants on the GPU #gpu", function()
 
   -- The kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES): the lean score_mod backward
   -- (AL_SM90_LEAN_MOD=1: soft-capping, ALiBi through a capture read, soft-capping beside a block-masked document
-  -- mask_mod, GQA, d = 64 and 128; a capture gradient keeps the sliced path) and the forward without ping-pong or
-  -- without the S / O overlap, each against the CPU oracle
+  -- mask_mod, GQA, d = 64 and 128; a capture gradient keeps the sliced path), the forward without ping-pong or
+  -- without the S / O overlap, and its FMA-pipe tanh in every other column group, each against the CPU oracle
   for _, defs in ipairs({ "AL_SM90_LEAN_MOD=1", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0", "AL_TANH_FMA_EVERY=2" }) do
     it("[ATTNLAB_VARIANT_DEFINES=" .. defs .. "] score_mod variants: flash (bf16) == CPU oracle, forward and backward",
        function()
