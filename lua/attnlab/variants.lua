@@ -806,10 +806,10 @@ end
 
 -- The kernels' build switches ATTNLAB_VARIANT_DEFINES may set (each read with #ifndef in kernels/):
 local VARIANT_DEFINES = {
-  AL_SM90_PINGPONG = "flash_fwd_sm90.cu: the two consumer warpgroups take turns on the tensor cores (1 default)",
-  AL_SM90_PIPE = "flash_fwd_sm90.cu: S(j+1) issued with O += P(j) V(j) (1 default at d <= 128)",
-  AL_SM90_LEAN_MOD = "flash_bwd_sm90.cu: bf16 score_mod without capture gradients on the plain path (0 default)",
-  AL_TANH_FMA_EVERY = "flash_fwd_sm90.cu: a bf16 score_mod's tanh on the FMA pipe in every k-th column group (0 default)",
+  AL_SM90_PINGPONG = true,    -- flash_fwd_sm90.cu: the two consumer warpgroups take turns on the tensor cores (1)
+  AL_SM90_PIPE = true,        -- flash_fwd_sm90.cu: S(j+1) issued with O += P(j) V(j) (1 at d <= 128)
+  AL_SM90_LEAN_MOD = true,    -- flash_bwd_sm90.cu: bf16 score_mod without capture gradients on the plain path (0)
+  AL_TANH_FMA_EVERY = true,   -- flash_fwd_sm90.cu: a bf16 score_mod's tanh on the FMA pipe every k-th column group (0)
 }
 
 local function cuda_prelude(uses)
