@@ -170,6 +170,11 @@ if section(1) then
         ENV[c] = { "ATTNLAB_VARIANT_DEFINES", x[1] }
         configs[#configs + 1], names[#names + 1] = c, x[2]
       end
+      -- the three-consumer forward (ATTNLAB_FLASH_SM90_CONSUMERS=3: BM = 192, 64-key tiles), plain and soft-capped
+      local p3, s3 = with(a, {}), with(a, { score_mod = sc })
+      ENV[p3], ENV[s3] = { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }, { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }
+      configs[#configs + 1], names[#names + 1] = p3, "plain, fwd three consumers"
+      configs[#configs + 1], names[#names + 1] = s3, "softcap 30, fwd three consumers"
     end
     local m = measure(unpack(configs))
     local rf, rb = m[1][1], m[1][2]

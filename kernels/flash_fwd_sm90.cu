@@ -23,14 +23,14 @@
  *
  * Design (FA3-style, first version):
  *   grid (ceil(SQ/BM), H, B); causal grids visit Q blocks longest-first. 128 * (1 + CONSUMERS) threads.
- *   Warpgroup 0 = producer: setmaxnreg down to 64; one warp loads Q once and the K/V tiles of the Q
+ *   Warpgroup 0 = producer: setmaxnreg down to 64 (56 with three consumers); one warp loads Q once and the K/V tiles of the Q
  *   block's key range into a STAGES-deep ring with TMA (cp.async.bulk.tensor.4d, 128-byte swizzle,
  *   boxes of 64 columns), each tile completing on its own "full" mbarrier (arrive.expect_tx). The
  *   last, partial tile of a sequence (rows past kv_len) is copied by the warp with ordinary loads
  *   and zero-filled instead: TMA would read the next sequence's rows there (thd, padding), and V
  *   rows must be finite for 0 * V to vanish. K and V have separate full/empty barriers so that
  *   K(j+1) is requested as soon as S(j) is done with K(j).
- *   Warpgroups 1.. = consumers: setmaxnreg up to 216; each owns 64 query rows.
+ *   Warpgroups 1.. = consumers: setmaxnreg up to 216 (152 with three); each owns 64 query rows.
  *     S = Q K^T: wgmma m64nBNk16, A = Q and B = K from shared memory (descriptors, K-major);
  *     mask, online softmax in log2 units with the scale folded into one FFMA per element
  *     (max taken on raw scores; the host requires scale > 0), P packed to 16 bits in registers;
@@ -38,7 +38,8 @@
  *     in pairs, is the A-fragment layout) and B = V from shared memory (MN-major, imm-trans-b).
  *     Each warp's lane 0 arrives on the tile's "empty" barrier after the wgmma that read it retired.
  *   Scheduling (FA3's two steps, session 5): the two consumers ping-pong on named barriers 1 and 2, so
- *   one warpgroup's softmax runs while the other's GEMMs hold the tensor cores (AL_SM90_PINGPONG); and
+ *   one warpgroup's softmax runs while the other's GEMMs hold the tensor cores (AL_SM90_PINGPONG; with
+ *   three consumers, an experiment since session 19, the turns go round barriers 1-3); and
  *   inside a warpgroup S(j+1) = Q K(j+1)^T is issued together with O += P(j) V(j), the softmax of S(j+1)
  *   running while the O product is in flight (AL_SM90_PIPE; off at d = 256, where P(j) beside O's 128
  *   registers spilled). H200, bf16, d = 128: 559-613 -> 602-649 TFLOP/s non-causal, 502-569 -> 544-676
@@ -71,7 +72,7 @@
 #define AL_SM90_PIPE (AL_HEAD_DIM <= 128)
 #endif
 #ifndef AL_SM90_PINGPONG
-#define AL_SM90_PINGPONG (AL_SM90_CONSUMERS == 2)
+#define AL_SM90_PINGPONG (AL_SM90_CONSUMERS >= 2)
 #endif
 #ifndef AL_TANH_FMA_EVERY   /* flash_common.cuh: an experiment, off */
 #define AL_TANH_FMA_EVERY 0
@@ -101,13 +102,17 @@ constexpr int NT = 128 * (1 + NC);
 constexpr int BOXES = D / 64;                 /* 64-column TMA boxes per row */
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;
-constexpr int PRODUCER_REGS = 64;
-constexpr int CONSUMER_REGS = 216;
+/* setmaxnreg budgets (the register file is 64 K 32-bit registers; multiples of 8): with three consumers (512
+ * threads) 56 for the producer and 152 for each consumer thread (at 32 the producer's partial-tile copy spilled,
+ * FlashAttention-3's 32 / 160 split) */
+constexpr int PRODUCER_REGS = NC == 3 ? 56 : 64;
+constexpr int CONSUMER_REGS = NC == 3 ? 152 : 216;
 constexpr bool PIPE = AL_SM90_PIPE;           /* S(j+1) and O += P(j) V(j) issued together */
 constexpr bool PINGPONG = AL_SM90_PINGPONG;   /* the two consumers alternate on the tensor cores */
 /* score_mod's tanh on the FMA pipe in column groups t with (t + 1) % TANH_FMA_K == 0 (none when off: t < BN / 8) */
 constexpr int TANH_FMA_K = AL_TANH_FMA_EVERY > 0 ? AL_TANH_FMA_EVERY : BN;
-static_assert(!PINGPONG || NC == 2, "ping-pong needs exactly two consumer warpgroups");
+static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
+static_assert(!PINGPONG || NC >= 2, "ping-pong needs two or more consumer warpgroups");
 static_assert(BN == 64 || BN == 128, "BLOCK_N is 64 or 128");
 static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128, 256");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register file");
@@ -294,11 +299,6 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
 
     if (nblk > 0) al_mbar_wait(bar_q, 0);
     const al_u32 qa = sQ + cw * (64 * 128);      /* this warpgroup's 64 rows inside each Q box */
-    /* Ping-pong (PINGPONG): the two consumers take turns to issue their GEMMs, each handing the tensor
-     * cores to the other while it runs its softmax. Warpgroup w waits on named barrier 1 + w before it
-     * issues and arrives on the other's after; warpgroup 1 opens with an arrive on warpgroup 0's, and
-     * leaves out its last arrive so that every arrive is matched by a sync before the CTA ends. Both
-     * consumers walk the same nblk tiles, so their turns pair up. */
     float corr[2] = {1.0f, 1.0f};
     al_u32 pa[BN / 16][4];                       /* P of the previous tile, 16-bit A fragments */
     float sc[BN / 2];                            /* S of this tile; its exponentials after the softmax */
@@ -430,20 +430,26 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         }
     };
 
-    /* Ping-pong (PINGPONG): the two consumers take turns to issue their GEMMs, each handing the tensor
-     * cores to the other while it runs its softmax. Warpgroup w waits on named barrier 1 + w before it
-     * issues and arrives on the other's after; warpgroup 1 opens with an arrive on warpgroup 0's and
-     * leaves out its last arrive, so that every arrive is matched by a sync before the CTA ends. Both
-     * consumers walk the same nblk tiles, so their turns pair up.
+    /* Ping-pong (PINGPONG): the consumers take turns to issue their GEMMs, in a ring, each handing the
+     * tensor cores to the next while it runs its softmax. Warpgroup w waits on named barrier 1 + w before
+     * it issues and arrives on the next one's (pp_next) after; the last warpgroup opens with an arrive on
+     * warpgroup 0's and leaves out its last arrive, so that every arrive is matched by a sync before the CTA
+     * ends. All consumers walk the same nblk tiles, so their turns pair up. With three consumers (BM = 192)
+     * a warpgroup's softmax has two other warpgroups' GEMMs to hide under instead of one: the point of
+     * that experiment (ATTNLAB_FLASH_SM90_CONSUMERS=3) for MUFU-heavy score_mods.
      * PIPE: iteration j issues S(j) and O += P(j-1) V(j-1) together and runs the softmax of S(j) while the
      * O product is in flight. The prologue (S(0)) and the epilogue (the last O) are peeled off the loop:
      * a wgmma under a branch made ptxas serialise every wgmma of the kernel (C7518, "compiler-inserted
      * WG.DP in divergent path"), which cost 30% on the H200. */
+    /* the next consumer's named barrier; the last consumer, which opens, leaves out the final arrive (written out
+     * for two consumers: the default kernels' SASS as before the ring) */
+    const int pp_next = NC == 2 ? 2 - cw : 1 + (cw + 1) % NC;
+    const bool pp_last_arrive = NC == 2 ? cw == 0 : cw != NC - 1;
     if (nblk > 0) {
-        if (PINGPONG && cw == 1) al_named_arrive(1, 256);
+        if (PINGPONG && cw == NC - 1) al_named_arrive(1, 256);
         if (PINGPONG) al_named_sync(1 + cw, 256);
         issue_s(0);
-        if (PINGPONG) al_named_arrive(2 - cw, 256);
+        if (PINGPONG) al_named_arrive(pp_next, 256);
         al_wg_wait<0>();
         softmax(0);
         rescale();                               /* o is still 0 */
@@ -460,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
                 done_o(j - 1);
                 issue_s(j);
             }
-            if (PINGPONG) al_named_arrive(2 - cw, 256);
+            if (PINGPONG) al_named_arrive(pp_next, 256);
             if (PIPE) al_wg_wait<1>();           /* S(j) retired; O(j-1) may still run */
             else al_wg_wait<0>();
             softmax(j);
@@ -475,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
         if (PINGPONG) al_named_sync(1 + cw, 256);
         if (PIPE && nblk > 1) rescale();       /* the last softmax's correction */
         issue_o(nblk - 1);
-        if (PINGPONG && cw == 0) al_named_arrive(2, 256);
+        if (PINGPONG && pp_last_arrive) al_named_arrive(NC == 2 ? 2 : pp_next, 256);
         al_wg_wait<0>();
         done_o(nblk - 1);
     }

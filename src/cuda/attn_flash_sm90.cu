@@ -49,6 +49,11 @@ static al_flash_spec sm90_spec(const al_attn_plan *pl) {
         const al_flash_hooks hk = al_flash_hooks_of(v);
         al_flash_spec_set_variant(&s, &hk, v->block_mask != NULL);
     }
+    /* ATTNLAB_FLASH_SM90_CONSUMERS=3 (flash_sm90_specs.h): where the 192 x 64 tiles fit, i.e. d = 128 and a block
+     * mask's blocks multiples of them; elsewhere the default two consumers serve the call */
+    if (al_flash_sm90_consumers_env() == 3 && al_flash_sm90_c3_bn(s.d) > 0 &&
+        (!v || !v->block_mask || (v->block_m % 192 == 0 && v->block_n % al_flash_sm90_c3_bn(s.d) == 0)))
+        s.fwd_consumers = 3;
     return s;
 }
 

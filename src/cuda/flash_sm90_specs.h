@@ -28,13 +28,30 @@ typedef struct al_flash_sm90_tiles {
     int smem;            /* dynamic shared memory, bytes (tiles + barriers + 1024 alignment slack) */
 } al_flash_sm90_tiles;
 
+/* The three-consumer experiment (session 19, not yet measured): ATTNLAB_FLASH_SM90_CONSUMERS=3 gives the forward
+ * three consumer warpgroups (BM = 192) taking turns on the tensor cores, so that each warpgroup's softmax runs
+ * under two other warpgroups' products instead of one: meant for score_mods whose softmax phase is as long as
+ * the products (soft-capping: a tanh and an exponential per score on the MUFU, docs/FLASH.md). d = 128 only: the
+ * consumers get 152 registers (setmaxnreg), O takes 64 of them, so the key tiles are 64 wide (no spills; d = 64
+ * spilled 48 bytes at either tile width, d = 256's O alone is 128); not with a block mask whose blocks are not
+ * multiples of the tiles (the usual 128 x 128). The host's spec (sm90_spec)
+ * decides, into al_flash_spec.fwd_consumers; this reads the environment only. */
+static inline int al_flash_sm90_consumers_env(void) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");
+    return e && strcmp(e, "3") == 0 ? 3 : 0;
+}
+/* key rows per tile of the three-consumer forward at head dim d (0: not served) */
+static inline int al_flash_sm90_c3_bn(int d) { return d == 128 ? 64 : 0; }
+
 static inline al_flash_sm90_tiles al_flash_sm90_spec_tiles(const al_flash_spec *s) {
     al_flash_sm90_tiles t;
-    t.consumers = 2;
+    const int c3 = s->fwd_consumers == 3 && s->d == 128;
+    t.consumers = c3 ? 3 : 2;
     t.bm = 64 * t.consumers;
     /* d=256: 64-key tiles keep O (128 f32 per thread) + S + P under the consumers' 216 registers */
-    t.bn = s->d == 256 ? 64 : 128;
-    t.stages = s->d == 64 ? 3 : 2;
+    t.bn = c3 ? al_flash_sm90_c3_bn(s->d) : s->d == 256 ? 64 : 128;
+    /* stages: half-size tiles (three consumers at d = 128) get twice as many, the same bytes in flight */
+    t.stages = c3 && t.bn == 64 ? 4 : s->d == 64 ? 3 : 2;
     t.threads = 128 * (1 + t.consumers);
     t.smem = t.bm * s->d * 2 + 2 * t.stages * t.bn * s->d * 2 + 1024 + 1024;
     if (s->variant && s->block_mask) t.smem += 2 * AL_FLASH_SM90_BM_LIST + 16;   /* the non-empty tile list */
@@ -65,6 +82,7 @@ static inline void al_flash_sm90_spec_name(const al_flash_spec *s, char *buf, si
     static const char *masks[] = {"nomask", "causal", "window"};
     int u = snprintf(buf, n, "fwd-sm90 d%d %s %s%s", s->d, s->bf16 ? "bf16" : "f16", masks[s->mask],
                      s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
+    if (s->fwd_consumers == 3 && u > 0 && (size_t)u < n) u += snprintf(buf + u, n - (size_t)u, " c3");
     if (s->variant && u > 0 && (size_t)u < n)
         snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }
@@ -184,6 +202,7 @@ static inline void al_flash_sm90_bwd_name(const al_flash_spec *s, int role, char
     static const char *roles[] = {"dkdv", "dq", "dkdvq"};
     int u = snprintf(buf, n, "bwd-sm90-%s d%d %s %s%s", roles[role], s->d, s->bf16 ? "bf16" : "f16",
                      masks[s->mask], s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
+    if (s->fwd_consumers == 3 && u > 0 && (size_t)u < n) u += snprintf(buf + u, n - (size_t)u, " c3");
     if (s->variant && u > 0 && (size_t)u < n)
         snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }

@@ -36,6 +36,10 @@ typedef struct al_flash_spec {
     int variant;
     int block_mask;     /* AL_BLOCK_MASK (variants only) */
     unsigned long long vhash[2];
+    /* the Hopper forward's consumer warpgroups: 0 = its default (2), 3 = three (an experiment,
+     * ATTNLAB_FLASH_SM90_CONSUMERS=3; flash_sm90_specs.h). Part of the spec so that every cache keyed by it
+     * (the host's function memo, the variant LRU) tells the two builds apart. */
+    int fwd_consumers;
 } al_flash_spec;
 
 /* Tile sizes and launch shape of a specialisation. */

@@ -261,8 +261,56 @@ static void test_bwd_launch_shapes(void) {
     unsetenv("ATTNLAB_FLASH_SM90_PDL");
 }
 
+/* The three-consumer forward's launch shape (ATTNLAB_FLASH_SM90_CONSUMERS=3, flash_sm90_specs.h; host arithmetic): at
+ * d = 128 three consumers (512 threads), 192 x 64 tiles, four stages within sm_90's shared memory (with a block
+ * mask's list too), its options and name; at d = 64 / 256 the default tiles whatever the field says; the switch
+ * reads "3" only. */
+static void test_fwd_c3_shapes(void) {
+    char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], nm[128];
+    for (int i = 0; i < al_flash_sm90_spec_count(); i++) {
+        al_flash_spec s;
+        al_flash_sm90_spec_at(i, &s);
+        const al_flash_sm90_tiles def = al_flash_sm90_spec_tiles(&s);
+        CHECK(def.consumers == 2 && def.threads == 384 && def.bm == 128, "spec %d: default tiles %d consumers", i,
+              def.consumers);
+        s.fwd_consumers = 3;
+        const al_flash_sm90_tiles t = al_flash_sm90_spec_tiles(&s);
+        if (s.d != 128) {
+            CHECK(memcmp(&t, &def, sizeof t) == 0, "spec %d (d %d): three consumers asked where they do not apply "
+                  "changed the tiles", i, s.d);
+            continue;
+        }
+        CHECK(t.consumers == 3 && t.threads == 512 && t.bm == 192 && t.bn == 64 && t.stages == 4,
+              "spec %d: c3 tiles %d consumers, %d threads, %d x %d, %d stages", i, t.consumers, t.threads, t.bm, t.bn,
+              t.stages);
+        CHECK(t.smem == 192 * 128 * 2 + 2 * 4 * 64 * 128 * 2 + 2048 && t.smem <= 227 * 1024, "spec %d: c3 smem %d", i,
+              t.smem);
+        const int n = al_flash_sm90_spec_options(&s, opts);
+        CHECK(has_opt(opts, n, "-DAL_SM90_CONSUMERS=3") && has_opt(opts, n, "-DAL_SM90_BN=64") &&
+                  has_opt(opts, n, "-DAL_SM90_STAGES=4"),
+              "spec %d: c3 options lack the consumers, tile width or stages", i);
+        al_flash_sm90_spec_name(&s, nm, sizeof nm);
+        CHECK(strstr(nm, " c3") != NULL, "spec %d: c3 name '%s'", i, nm);
+        s.variant = s.block_mask = 1;
+        const al_flash_sm90_tiles tb = al_flash_sm90_spec_tiles(&s);
+        CHECK(tb.smem == t.smem + 2 * AL_FLASH_SM90_BM_LIST + 16 && tb.smem <= 227 * 1024, "spec %d: c3 block-mask smem %d",
+              i, tb.smem);
+    }
+    CHECK(al_flash_sm90_c3_bn(128) == 64 && al_flash_sm90_c3_bn(64) == 0 && al_flash_sm90_c3_bn(256) == 0,
+          "al_flash_sm90_c3_bn");
+    const char *vals[] = {NULL, "", "2", "03", "x", "3"};
+    for (int k = 0; k < 6; k++) {
+        if (vals[k]) setenv("ATTNLAB_FLASH_SM90_CONSUMERS", vals[k], 1);
+        else unsetenv("ATTNLAB_FLASH_SM90_CONSUMERS");
+        CHECK(al_flash_sm90_consumers_env() == (k == 5 ? 3 : 0), "ATTNLAB_FLASH_SM90_CONSUMERS=%s read as %d",
+              vals[k] ? vals[k] : "(unset)", al_flash_sm90_consumers_env());
+    }
+    unsetenv("ATTNLAB_FLASH_SM90_CONSUMERS");
+}
+
 int main(void) {
     RUN(test_bwd_launch_shapes);
+    RUN(test_fwd_c3_shapes);
     char why[512];
     if (!nvrtc_load(&nv, why, sizeof why)) {
         /* missing library: skipped; a library without an entry point: a failure */
@@ -292,9 +340,9 @@ int main(void) {
     t_passed++;
 
     /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
-     * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal), the Hopper
+     * another): each compiled for the Hopper forward (bf16 d128 no mask, also with three consumers; f16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
-    enum { MAX_GEN = 16, JOBS_PER_GEN = 6 };
+    enum { MAX_GEN = 16, JOBS_PER_GEN = 7 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
@@ -329,7 +377,7 @@ int main(void) {
 
     /* the jobs: every spec for sm_90a, the causal top-left ones for sm_80 */
     const int nspec = al_flash_spec_count(),
-              n_sm90 = al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS +
+              n_sm90 = 2 * al_flash_sm90_spec_count() + al_flash_sm90_bwd_count() + 2 * N_BWD_VARIANTS +
                        JOBS_PER_GEN * ngen;
     int njobs = 0;
     al_flash_spec *specs = calloc((size_t)(nspec * 2 + n_sm90), sizeof *specs);
@@ -363,6 +411,19 @@ int main(void) {
         sm90[njobs] = FAM_SM90_FWD;
         archs[njobs++] = "sm_90a";
     }
+    /* the three-consumer forward (ATTNLAB_FLASH_SM90_CONSUMERS=3, an experiment): d = 128, both dtypes, no mask
+     * and causal (the other masks only change the tile range) */
+    for (int i = 0; i < al_flash_sm90_spec_count(); i++) {
+        al_flash_spec c3;
+        al_flash_sm90_spec_at(i, &c3);
+        if (c3.d != 128 || c3.bottom_right || c3.mask == AL_FLASH_MASK_WINDOW) continue;
+        c3.fwd_consumers = 3;
+        al_flash_sm90_spec_name(&c3, nm, sizeof nm);
+        if (only && *only && !strstr(nm, only)) continue;
+        specs[njobs] = c3;
+        sm90[njobs] = FAM_SM90_FWD;
+        archs[njobs++] = "sm_90a";
+    }
     for (int i = 0; i < al_flash_sm90_bwd_count(); i++) {
         int role = 0;
         al_flash_sm90_bwd_at(i, &specs[njobs], &role);
@@ -390,13 +451,15 @@ int main(void) {
             archs[njobs++] = "sm_90a";
         }
     for (int i = 0; i < ngen; i++) {
-        static const struct { int fam, kind, d, bf16, mask; } J[JOBS_PER_GEN] = {
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL},
-            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL},
-            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE},
-            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE}};
+        /* (c3: the three-consumer forward, ATTNLAB_FLASH_SM90_CONSUMERS=3) */
+        static const struct { int fam, kind, d, bf16, mask, c3; } J[JOBS_PER_GEN] = {
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 1},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
+            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
+            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE, 0},
+            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE, 0}};
         for (int k = 0; k < JOBS_PER_GEN; k++) {
             al_flash_spec *sp = &specs[njobs];
             memset(sp, 0, sizeof *sp);
@@ -404,6 +467,7 @@ int main(void) {
             sp->d = J[k].d;
             sp->bf16 = J[k].bf16;
             sp->mask = J[k].mask;
+            sp->fwd_consumers = J[k].c3 ? 3 : 0;
             al_flash_spec_set_variant(sp, &gen[i].hk, gen[i].block_mask);
             job_name(sp, J[k].fam, nm, sizeof nm);
             if (only && *only && !strstr(nm, only)) continue;
