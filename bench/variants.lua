@@ -84,17 +84,17 @@ local function gpu_time(fn)
   return al.cuda.time(fn, { warmup = 1, iters = iters })
 end
 
--- configurations timed under an environment variable (A/B switches the C library reads per call):
--- ENV[config] = { name, value }, set around the configuration's calls only
+-- configurations timed under environment variables (A/B switches the C library reads per call):
+-- ENV[config] = { name, value [, name2, value2 ...] }, set around the configuration's calls only
 local ffi = require "ffi"
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 local ENV = setmetatable({}, { __mode = "k" })
 local function under_env(a, fn)
   local e = ENV[a]
   if not e then return fn() end
-  ffi.C.setenv(e[1], e[2], 1)
+  for i = 1, #e, 2 do ffi.C.setenv(e[i], e[i + 1], 1) end
   local ok, r1, r2 = pcall(fn)
-  ffi.C.unsetenv(e[1])
+  for i = 1, #e, 2 do ffi.C.unsetenv(e[i]) end
   if not ok then error(r1, 0) end
   return r1, r2
 end
@@ -170,11 +170,17 @@ if section(1) then
         ENV[c] = { "ATTNLAB_VARIANT_DEFINES", x[1] }
         configs[#configs + 1], names[#names + 1] = c, x[2]
       end
-      -- the three-consumer forward (ATTNLAB_FLASH_SM90_CONSUMERS=3: BM = 192, 64-key tiles), plain and soft-capped
-      local p3, s3 = with(a, {}), with(a, { score_mod = sc })
-      ENV[p3], ENV[s3] = { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }, { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }
-      configs[#configs + 1], names[#names + 1] = p3, "plain, fwd three consumers"
-      configs[#configs + 1], names[#names + 1] = s3, "softcap 30, fwd three consumers"
+      -- the three-consumer forward (ATTNLAB_FLASH_SM90_CONSUMERS=3: BM = 192, 64-key tiles), plain and soft-capped,
+      -- and soft-capped with the tanh FMA-pipe switch or without the S/O overlap beside it
+      local C3 = "ATTNLAB_FLASH_SM90_CONSUMERS"
+      for _, x in ipairs({ { nil, { C3, "3" }, "plain, fwd three consumers" },
+        { sc, { C3, "3" }, "softcap 30, fwd three consumers" },
+        { sc, { C3, "3", "ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4" }, "softcap 30, fwd c3 + tanh FMA k=4" },
+        { sc, { C3, "3", "ATTNLAB_VARIANT_DEFINES", "AL_SM90_PIPE=0" }, "softcap 30, fwd c3 without S/O overlap" } }) do
+        local c = with(a, { score_mod = x[1] })
+        ENV[c] = x[2]
+        configs[#configs + 1], names[#names + 1] = c, x[3]
+      end
     end
     local m = measure(unpack(configs))
     local rf, rb = m[1][1], m[1][2]
