@@ -49,8 +49,14 @@ static al_flash_spec sm90_spec(const al_attn_plan *pl) {
         const al_flash_hooks hk = al_flash_hooks_of(v);
         al_flash_spec_set_variant(&s, &hk, v->block_mask != NULL);
     }
-    /* ATTNLAB_FLASH_SM90_CONSUMERS=3 (flash_sm90_specs.h): where the 192 x 64 tiles fit, i.e. d = 128 and a block
-     * mask's blocks multiples of them; elsewhere the default two consumers serve the call */
+    return s;
+}
+
+/* the forward's: with ATTNLAB_FLASH_SM90_CONSUMERS=3 (flash_sm90_specs.h) three consumers where the 192 x 64 tiles
+ * fit, i.e. d = 128 and a block mask's blocks multiples of them; elsewhere the default two serve the call */
+static al_flash_spec sm90_fwd_spec(const al_attn_plan *pl) {
+    al_flash_spec s = sm90_spec(pl);
+    const al_attn_variant *v = pl->in.variant;
     if (al_flash_sm90_consumers_env() == 3 && al_flash_sm90_c3_bn(s.d) > 0 &&
         (!v || !v->block_mask || (v->block_m % 192 == 0 && v->block_n % al_flash_sm90_c3_bn(s.d) == 0)))
         s.fwd_consumers = 3;
@@ -89,7 +95,7 @@ int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
         return 0;
     }
     if (var && var->block_mask) {
-        const al_flash_spec spec = sm90_spec(pl);
+        const al_flash_spec spec = sm90_fwd_spec(pl);
         const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(&spec);
         if ((p->skv + tl.bn - 1) / tl.bn > AL_FLASH_SM90_BM_LIST) {
             if (why && n)
@@ -187,7 +193,7 @@ al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_fl
     *done = 0;
     if (!al_flash_sm90_applies(pl, NULL, 0)) return AL_OK;
     const al_attn_params *p = &pl->p;
-    const al_flash_spec spec = sm90_spec(pl);
+    const al_flash_spec spec = sm90_fwd_spec(pl);
     const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(&spec);
     const int thd = p->qkv_format == AL_ATTN_FORMAT_THD;
     const long long rows_q = thd ? (long long)pl->in.q->size[0] : (long long)p->sq;
