@@ -23,9 +23,9 @@
  *
  * Design (FA3-style, first version):
  *   grid (ceil(SQ/BM), H, B); causal grids visit Q blocks longest-first. 128 * (1 + CONSUMERS) threads.
- *   Warpgroup 0 = producer: setmaxnreg down to 64 (56 with three consumers); one warp loads Q once and the K/V tiles of the Q
- *   block's key range into a STAGES-deep ring with TMA (cp.async.bulk.tensor.4d, 128-byte swizzle,
- *   boxes of 64 columns), each tile completing on its own "full" mbarrier (arrive.expect_tx). The
+ *   Warpgroup 0 = producer: setmaxnreg down to 64 (56 with three consumers); one warp loads Q once
+ *   and the K/V tiles of the Q block's key range into a STAGES-deep ring with TMA
+ *   (cp.async.bulk.tensor.4d, 128-byte swizzle, boxes of 64 columns), each tile completing on its own "full" mbarrier (arrive.expect_tx). The
  *   last, partial tile of a sequence (rows past kv_len) is copied by the warp with ordinary loads
  *   and zero-filled instead: TMA would read the next sequence's rows there (thd, padding), and V
  *   rows must be finite for 0 * V to vanish. K and V have separate full/empty barriers so that
@@ -108,7 +108,7 @@ constexpr int KV_BYTES = BN * D * 2;
 constexpr int PRODUCER_REGS = NC == 3 ? 56 : 64;
 constexpr int CONSUMER_REGS = NC == 3 ? 152 : 216;
 constexpr bool PIPE = AL_SM90_PIPE;           /* S(j+1) and O += P(j) V(j) issued together */
-constexpr bool PINGPONG = AL_SM90_PINGPONG;   /* the two consumers alternate on the tensor cores */
+constexpr bool PINGPONG = AL_SM90_PINGPONG;   /* the consumers take turns on the tensor cores */
 /* score_mod's tanh on the FMA pipe in column groups t with (t + 1) % TANH_FMA_K == 0 (none when off: t < BN / 8) */
 constexpr int TANH_FMA_K = AL_TANH_FMA_EVERY > 0 ? AL_TANH_FMA_EVERY : BN;
 static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
