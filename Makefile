@@ -102,7 +102,8 @@ GPU_CHECKS := $(if $(NVCC),$(BUILD)/tests/flash_sm90_check $(BUILD)/tests/flash_
 .PHONY: gpu-checks
 gpu-checks: $(GPU_CHECKS)
 
-$(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(CORE_LIB)
+# (the C tests include library headers too: the flash specs' tile arithmetic, internal.h, numeric/, cpu/)
+$(BUILD)/tests/%: tests/c/%.c $(wildcard tests/c/*.h include/*.h src/*.h src/numeric/*.h src/cpu/*.h src/cuda/*.h) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(AL_CFLAGS) $< -o $@ -L$(LIBDIR) -lattnlab $(AL_LDLIBS) -Wl,-rpath,$(abspath $(LIBDIR))
 

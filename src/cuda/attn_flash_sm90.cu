@@ -53,7 +53,7 @@ static al_flash_spec sm90_spec(const al_attn_plan *pl) {
 }
 
 /* the forward's: with ATTNLAB_FLASH_SM90_CONSUMERS=3 (flash_sm90_specs.h) three consumers where the 192 x 64 tiles
- * fit, i.e. d = 128 and a block mask's blocks multiples of them; elsewhere the default two serve the call */
+ * fit, i.e. d <= 128 and a block mask's blocks multiples of them; elsewhere the default two serve the call */
 static al_flash_spec sm90_fwd_spec(const al_attn_plan *pl) {
     al_flash_spec s = sm90_spec(pl);
     const al_attn_variant *v = pl->in.variant;

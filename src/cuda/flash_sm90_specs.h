@@ -31,21 +31,21 @@ typedef struct al_flash_sm90_tiles {
 /* The three-consumer experiment (session 19, not yet measured): ATTNLAB_FLASH_SM90_CONSUMERS=3 gives the forward
  * three consumer warpgroups (BM = 192) taking turns on the tensor cores, so that each warpgroup's softmax runs
  * under two other warpgroups' products instead of one: meant for score_mods whose softmax phase is as long as
- * the products (soft-capping: a tanh and an exponential per score on the MUFU, docs/FLASH.md). d = 128 only: the
- * consumers get 152 registers (setmaxnreg), O takes 64 of them, so the key tiles are 64 wide (no spills; d = 64
- * spilled 48 bytes at either tile width, d = 256's O alone is 128); not with a block mask whose blocks are not
- * multiples of the tiles (the usual 128 x 128). The host's spec (sm90_spec)
+ * the products (soft-capping: a tanh and an exponential per score on the MUFU, docs/FLASH.md). d = 64 and 128: the
+ * consumers get 152 registers (setmaxnreg), O takes 64 of them at d = 128, so the key tiles are 64 wide (no
+ * spills; d = 64 with 128-key tiles spilled 48 bytes, d = 256's O alone is 128); not with a block mask whose blocks
+ * are not multiples of the tiles (the usual 128 x 128). The host's spec (sm90_spec)
  * decides, into al_flash_spec.fwd_consumers; this reads the environment only. */
 static inline int al_flash_sm90_consumers_env(void) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");
     return e && strcmp(e, "3") == 0 ? 3 : 0;
 }
 /* key rows per tile of the three-consumer forward at head dim d (0: not served) */
-static inline int al_flash_sm90_c3_bn(int d) { return d == 128 ? 64 : 0; }
+static inline int al_flash_sm90_c3_bn(int d) { return d <= 128 ? 64 : 0; }
 
 static inline al_flash_sm90_tiles al_flash_sm90_spec_tiles(const al_flash_spec *s) {
     al_flash_sm90_tiles t;
-    const int c3 = s->fwd_consumers == 3 && s->d == 128;
+    const int c3 = s->fwd_consumers == 3 && al_flash_sm90_c3_bn(s->d) > 0;
     t.consumers = c3 ? 3 : 2;
     t.bm = 64 * t.consumers;
     /* d=256: 64-key tiles keep O (128 f32 per thread) + S + P under the consumers' 216 registers */

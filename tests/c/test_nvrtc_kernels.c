@@ -262,9 +262,9 @@ static void test_bwd_launch_shapes(void) {
 }
 
 /* The three-consumer forward's launch shape (ATTNLAB_FLASH_SM90_CONSUMERS=3, flash_sm90_specs.h; host arithmetic): at
- * d = 128 three consumers (512 threads), 192 x 64 tiles, four stages within sm_90's shared memory (with a block
- * mask's list too), its options and name; at d = 64 / 256 the default tiles whatever the field says; the switch
- * reads "3" only. */
+ * d = 64 / 128 three consumers (512 threads), 192 x 64 tiles, four stages within sm_90's shared memory (with a block
+ * mask's list too), its options and name; at d = 256 the default tiles whatever the field says; the switch reads
+ * "3" only. */
 static void test_fwd_c3_shapes(void) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], nm[128];
     for (int i = 0; i < al_flash_sm90_spec_count(); i++) {
@@ -275,7 +275,7 @@ static void test_fwd_c3_shapes(void) {
               def.consumers);
         s.fwd_consumers = 3;
         const al_flash_sm90_tiles t = al_flash_sm90_spec_tiles(&s);
-        if (s.d != 128) {
+        if (s.d > 128) {
             CHECK(memcmp(&t, &def, sizeof t) == 0, "spec %d (d %d): three consumers asked where they do not apply "
                   "changed the tiles", i, s.d);
             continue;
@@ -283,7 +283,7 @@ static void test_fwd_c3_shapes(void) {
         CHECK(t.consumers == 3 && t.threads == 512 && t.bm == 192 && t.bn == 64 && t.stages == 4,
               "spec %d: c3 tiles %d consumers, %d threads, %d x %d, %d stages", i, t.consumers, t.threads, t.bm, t.bn,
               t.stages);
-        CHECK(t.smem == 192 * 128 * 2 + 2 * 4 * 64 * 128 * 2 + 2048 && t.smem <= 227 * 1024, "spec %d: c3 smem %d", i,
+        CHECK(t.smem == 192 * s.d * 2 + 2 * 4 * 64 * s.d * 2 + 2048 && t.smem <= 227 * 1024, "spec %d: c3 smem %d", i,
               t.smem);
         const int n = al_flash_sm90_spec_options(&s, opts);
         CHECK(has_opt(opts, n, "-DAL_SM90_CONSUMERS=3") && has_opt(opts, n, "-DAL_SM90_BN=64") &&
@@ -296,7 +296,7 @@ static void test_fwd_c3_shapes(void) {
         CHECK(tb.smem == t.smem + 2 * AL_FLASH_SM90_BM_LIST + 16 && tb.smem <= 227 * 1024, "spec %d: c3 block-mask smem %d",
               i, tb.smem);
     }
-    CHECK(al_flash_sm90_c3_bn(128) == 64 && al_flash_sm90_c3_bn(64) == 0 && al_flash_sm90_c3_bn(256) == 0,
+    CHECK(al_flash_sm90_c3_bn(128) == 64 && al_flash_sm90_c3_bn(64) == 64 && al_flash_sm90_c3_bn(256) == 0,
           "al_flash_sm90_c3_bn");
     const char *vals[] = {NULL, "", "2", "03", "x", "3"};
     for (int k = 0; k < 6; k++) {
@@ -340,9 +340,10 @@ int main(void) {
     t_passed++;
 
     /* the example variants' generated snippets (make test writes the file; ATTNLAB_VARIANT_SNIPPETS names
-     * another): each compiled for the Hopper forward (bf16 d128 no mask, also with three consumers; f16 d64 causal), the Hopper
+     * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal; three consumers: bf16 d128 no mask,
+     * bf16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
-    enum { MAX_GEN = 16, JOBS_PER_GEN = 7 };
+    enum { MAX_GEN = 16, JOBS_PER_GEN = 8 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
@@ -411,12 +412,12 @@ int main(void) {
         sm90[njobs] = FAM_SM90_FWD;
         archs[njobs++] = "sm_90a";
     }
-    /* the three-consumer forward (ATTNLAB_FLASH_SM90_CONSUMERS=3, an experiment): d = 128, both dtypes, no mask
+    /* the three-consumer forward (ATTNLAB_FLASH_SM90_CONSUMERS=3, an experiment): d 64 / 128, both dtypes, no mask
      * and causal (the other masks only change the tile range) */
     for (int i = 0; i < al_flash_sm90_spec_count(); i++) {
         al_flash_spec c3;
         al_flash_sm90_spec_at(i, &c3);
-        if (c3.d != 128 || c3.bottom_right || c3.mask == AL_FLASH_MASK_WINDOW) continue;
+        if (c3.d > 128 || c3.bottom_right || c3.mask == AL_FLASH_MASK_WINDOW) continue;
         c3.fwd_consumers = 3;
         al_flash_sm90_spec_name(&c3, nm, sizeof nm);
         if (only && *only && !strstr(nm, only)) continue;
@@ -456,6 +457,7 @@ int main(void) {
             {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0},
             {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0},
             {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 1},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_CAUSAL, 1},
             {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
             {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
             {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE, 0},
@@ -514,7 +516,9 @@ int main(void) {
                  * their f16 forward with every hook at once (exact f16 tanh, two captures, mask_mod) spills 8 */
                 /* the dK/dV/dQ kernel (role 2) spills 12-16 bytes: three of the S product's loop-invariant
                  * descriptors, stored before the loop and reloaded once per tile (3 LDL per 64-query tile) */
-                const int allowed = (generated[j] && !specs[j].bf16) || sm90[j] == FAM_SM90_BWD_DKDV + 2 ? 16 : 0;
+                /* the three-consumer experiment (152 registers a consumer): relative bias at d = 64 spills 32 */
+                const int allowed = generated[j] && specs[j].fwd_consumers == 3 && specs[j].d == 64 ? 32
+                                  : (generated[j] && !specs[j].bf16) || sm90[j] == FAM_SM90_BWD_DKDV + 2 ? 16 : 0;
                 CHECK(r->spill[0] <= allowed, "the Hopper kernel spills %d bytes (registers: %d; allowed %d)", r->spill[0],
                       r->regs[0], allowed);
                 /* C7518: a wgmma under a branch made ptxas serialise all of them (30% of the forward, session 5) */

@@ -20,7 +20,7 @@
  * (`make test` runs the check, FLASH_SM90_ONLY=check).
  * Env: ATTNLAB_KERNEL_DIR (default ./kernels), FLASH_SM90_ONLY=check|bench|compile (compile: every shipped
  * sm90 specialisation with NVRTC, ptxas lines printed, exit 1 on spills; needs no GPU);
- * ATTNLAB_FLASH_SM90_CONSUMERS=3 checks / times the three-consumer forward at d = 128 (flash_sm90_specs.h).
+ * ATTNLAB_FLASH_SM90_CONSUMERS=3 checks / times the three-consumer forward at d 64 / 128 (flash_sm90_specs.h).
  */
 #include "flash_check_common.h"
 
@@ -45,7 +45,7 @@ static al_flash_spec spec_of(const Case &c) {
     al_flash_spec s;
     memset(&s, 0, sizeof s);
     s.kind = AL_FLASH_FWD; s.d = c.D; s.bf16 = c.bf16; s.mask = c.mask; s.bottom_right = c.mask ? c.br : 0;
-    /* ATTNLAB_FLASH_SM90_CONSUMERS=3: the three-consumer forward where it applies (d = 128), as the backend */
+    /* ATTNLAB_FLASH_SM90_CONSUMERS=3: the three-consumer forward where it applies (d <= 128), as the backend */
     if (al_flash_sm90_consumers_env() == 3 && al_flash_sm90_c3_bn(c.D) > 0) s.fwd_consumers = 3;
     return s;
 }
