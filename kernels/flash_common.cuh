@@ -427,6 +427,19 @@ AL_DEV int al_fl_block(const al_flash_params &p, int b, int h, int m0, int n0) {
                         (long long)(n0 / p.bm_block_n) * p.bm_sn;
     return (int)__ldg(p.bmask + o);
 }
+/* The same for a tile of `rows` query rows (clipped to SQ by the caller) that may span several block rows (the
+ * three-consumer Hopper forward's 192-row tiles under 128-row blocks, AL_SM90_BM_SPAN): empty (0) if every block it
+ * touches is, full (2) if every one is, else partial (1: mask_mod decides per element). Its key columns lie in one
+ * block (block_n is a multiple of the tile). */
+AL_DEV int al_fl_block_rows(const al_flash_params &p, int b, int h, int m0, int rows, int n0) {
+    int any = 0, all_full = 1;
+    for (int mb = m0 / p.bm_block_m; mb <= (m0 + rows - 1) / p.bm_block_m; mb++) {
+        const int k = al_fl_block(p, b, h, mb * p.bm_block_m, n0);
+        any |= k != 0;
+        all_full &= k == 2;
+    }
+    return all_full ? 2 : any ? 1 : 0;
+}
 #endif
 
 #if AL_HAS_SCORE_MOD

@@ -11,7 +11,8 @@
  *   AL_SM90_CONSUMERS (consumer warpgroups, 64 query rows each; BM = 64 * CONSUMERS)
  *   Variants: AL_SCORE_MOD (or its folded form AL_SCORE_PRE / AL_SCORE_POST) / AL_MASK_MOD / AL_VARIANT /
  *   AL_BLOCK_MASK / AL_EX2_FMA_EVERY as in kernels/flash_common.cuh (the forward's hooks; the host needs
- *   block_m % BM == 0 and block_n % BN == 0, so a tile lies in one block). score_mod turns each score
+ *   block_m % BM == 0 and block_n % BN == 0, so a tile lies in one block, or with AL_SM90_BM_SPAN, set for
+ *   three consumers, only block_n % BN == 0: a tile's kind combines the block rows it spans). score_mod turns each score
  *   into the hook's value before its constant factor, the max is taken on those, and the factor times
  *   log2 e is the exponent's multiplier (in place of the folded scale * log2 e); mask_mod masks every
  *   tile that is not a full (2) block; 0 blocks are neither loaded nor computed: warp 0 first compacts
@@ -73,6 +74,9 @@
 #endif
 #ifndef AL_SM90_PINGPONG
 #define AL_SM90_PINGPONG (AL_SM90_CONSUMERS >= 2)
+#endif
+#ifndef AL_SM90_BM_SPAN     /* block masks whose block_m is not a multiple of BM (the host sets it with three consumers) */
+#define AL_SM90_BM_SPAN 0
 #endif
 #ifndef AL_TANH_FMA_EVERY   /* flash_common.cuh: an experiment, off */
 #define AL_TANH_FMA_EVERY 0
@@ -213,7 +217,13 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     unsigned short *bm_list = (unsigned short *)(smem_raw + (sBar - al_smem_addr(smem_raw)) + 8 * (1 + 4 * ST));
     int *bm_count = (int *)(bm_list + AL_SM90_BM_LIST);
     if (tid < 32)   /* warp 0 compacts the Q block's row of the block mask */
-        al_sm90_list_tiles(bm_list, bm_count, nblk, tid, [&](int j) { return al_fl_block(p, b, h, m0, (nb_lo + j) * BN); });
+        al_sm90_list_tiles(bm_list, bm_count, nblk, tid, [&](int j) {
+#if AL_SM90_BM_SPAN   /* a Q tile over several block rows (three consumers under 128-row blocks) */
+            return al_fl_block_rows(p, b, h, m0, min(BM, p.SQ - m0), (nb_lo + j) * BN);
+#else
+            return al_fl_block(p, b, h, m0, (nb_lo + j) * BN);
+#endif
+        });
     __syncthreads();
     nblk = *bm_count;
 #else

@@ -52,13 +52,15 @@ static al_flash_spec sm90_spec(const al_attn_plan *pl) {
     return s;
 }
 
-/* the forward's: with ATTNLAB_FLASH_SM90_CONSUMERS=3 (flash_sm90_specs.h) three consumers where the 192 x 64 tiles
- * fit, i.e. d <= 128 and a block mask's blocks multiples of them; elsewhere the default two serve the call */
+/* the forward's: with ATTNLAB_FLASH_SM90_CONSUMERS=3 (flash_sm90_specs.h) three consumers where their 64-key tiles
+ * fit, i.e. d <= 128, and a block mask's blocks are whole tiles wide and its rows list in the kernel's shared memory
+ * (any block_m: the 192-row tiles combine the block rows they span); elsewhere the default two serve the call */
 static al_flash_spec sm90_fwd_spec(const al_attn_plan *pl) {
     al_flash_spec s = sm90_spec(pl);
     const al_attn_variant *v = pl->in.variant;
-    if (al_flash_sm90_consumers_env() == 3 && al_flash_sm90_c3_bn(s.d) > 0 &&
-        (!v || !v->block_mask || (v->block_m % 192 == 0 && v->block_n % al_flash_sm90_c3_bn(s.d) == 0)))
+    const int bn = al_flash_sm90_c3_bn(s.d);
+    if (al_flash_sm90_consumers_env() == 3 && bn > 0 &&
+        (!v || !v->block_mask || (v->block_n % bn == 0 && (pl->p.skv + bn - 1) / bn <= AL_FLASH_SM90_BM_LIST)))
         s.fwd_consumers = 3;
     return s;
 }
@@ -103,7 +105,7 @@ int al_flash_sm90_applies(const al_attn_plan *pl, char *why, size_t n) {
                          (long long)p->skv, (int)AL_FLASH_SM90_BM_LIST, tl.bn);
             return 0;
         }
-        if (var->block_m % tl.bm != 0 || var->block_n % tl.bn != 0) {
+        if ((tl.consumers != 3 && var->block_m % tl.bm != 0) || var->block_n % tl.bn != 0) {   /* c3: BM_SPAN */
             if (why && n)
                 snprintf(why, n, "block_mask blocks of %lld x %lld: the sm_90 forward's tiles are %d x %d (stage-1 kernel)",
                          (long long)var->block_m, (long long)var->block_n, tl.bm, tl.bn);

@@ -33,9 +33,10 @@ typedef struct al_flash_sm90_tiles {
  * under two other warpgroups' products instead of one: meant for score_mods whose softmax phase is as long as
  * the products (soft-capping: a tanh and an exponential per score on the MUFU, docs/FLASH.md). d = 64 and 128: the
  * consumers get 152 registers (setmaxnreg), O takes 64 of them at d = 128, so the key tiles are 64 wide (no
- * spills; d = 64 with 128-key tiles spilled 48 bytes, d = 256's O alone is 128); not with a block mask whose blocks
- * are not multiples of the tiles (the usual 128 x 128). The host's spec (sm90_spec)
- * decides, into al_flash_spec.fwd_consumers; this reads the environment only. */
+ * spills; d = 64 with 128-key tiles spilled 48 bytes, d = 256's O alone is 128). Block masks: block_n a multiple
+ * of 64; block_m anything (the usual 128 x 128 too: -DAL_SM90_BM_SPAN=1, a 192-row tile's kind combines the block
+ * rows it spans); at most AL_FLASH_SM90_BM_LIST key tiles of 64 (s_kv <= 65536). The host's forward spec
+ * (attn_flash_sm90.cu, sm90_fwd_spec) decides, into al_flash_spec.fwd_consumers; this reads the environment only. */
 static inline int al_flash_sm90_consumers_env(void) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");
     return e && strcmp(e, "3") == 0 ? 3 : 0;
@@ -74,6 +75,8 @@ static inline int al_flash_sm90_spec_options(const al_flash_spec *s, char opts[A
     snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_CONSUMERS=%d", t.consumers);
     if (s->variant) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_BLOCK_MASK=%d", s->block_mask ? 1 : 0);
     if (s->variant && s->block_mask) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_LIST=%d", AL_FLASH_SM90_BM_LIST);
+    /* three consumers: 192-row tiles under any block_m (a tile's kind combines the block rows it spans) */
+    if (s->variant && s->block_mask && t.consumers == 3) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_SPAN=1");
     return n;
 }
 

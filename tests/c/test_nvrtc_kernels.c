@@ -263,7 +263,7 @@ static void test_bwd_launch_shapes(void) {
 
 /* The three-consumer forward's launch shape (ATTNLAB_FLASH_SM90_CONSUMERS=3, flash_sm90_specs.h; host arithmetic): at
  * d = 64 / 128 three consumers (512 threads), 192 x 64 tiles, four stages within sm_90's shared memory (with a block
- * mask's list too), its options and name; at d = 256 the default tiles whatever the field says; the switch reads
+ * mask's list too), its options (a block mask's block-row span with three consumers only) and name; at d = 256 the default tiles whatever the field says; the switch reads
  * "3" only. */
 static void test_fwd_c3_shapes(void) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], nm[128];
@@ -291,7 +291,14 @@ static void test_fwd_c3_shapes(void) {
               "spec %d: c3 options lack the consumers, tile width or stages", i);
         al_flash_sm90_spec_name(&s, nm, sizeof nm);
         CHECK(strstr(nm, " c3") != NULL, "spec %d: c3 name '%s'", i, nm);
+        CHECK(!has_opt(opts, n, "-DAL_SM90_BM_SPAN=1"), "spec %d: c3 without a block mask compiles the span", i);
         s.variant = s.block_mask = 1;
+        int nb = al_flash_sm90_spec_options(&s, opts);
+        CHECK(has_opt(opts, nb, "-DAL_SM90_BM_SPAN=1"), "spec %d: a c3 block mask without the block-row span", i);
+        s.fwd_consumers = 0;
+        nb = al_flash_sm90_spec_options(&s, opts);
+        CHECK(!has_opt(opts, nb, "-DAL_SM90_BM_SPAN=1"), "spec %d: the two-consumer block mask compiles the span", i);
+        s.fwd_consumers = 3;
         const al_flash_sm90_tiles tb = al_flash_sm90_spec_tiles(&s);
         CHECK(tb.smem == t.smem + 2 * AL_FLASH_SM90_BM_LIST + 16 && tb.smem <= 227 * 1024, "spec %d: c3 block-mask smem %d",
               i, tb.smem);
