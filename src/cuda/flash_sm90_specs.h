@@ -51,7 +51,8 @@ static inline al_flash_sm90_tiles al_flash_sm90_spec_tiles(const al_flash_spec *
     t.bm = 64 * t.consumers;
     /* d=256: 64-key tiles keep O (128 f32 per thread) + S + P under the consumers' 216 registers */
     t.bn = c3 ? al_flash_sm90_c3_bn(s->d) : s->d == 256 ? 64 : 128;
-    /* stages: half-size tiles (three consumers at d = 128) get twice as many, the same bytes in flight */
+    /* stages: the three consumers' 64-key tiles (half the default's at d 64 / 128) get four, about the same bytes
+     * in flight */
     t.stages = c3 && t.bn == 64 ? 4 : s->d == 64 ? 3 : 2;
     t.threads = 128 * (1 + t.consumers);
     t.smem = t.bm * s->d * 2 + 2 * t.stages * t.bn * s->d * 2 + 1024 + 1024;
@@ -205,7 +206,6 @@ static inline void al_flash_sm90_bwd_name(const al_flash_spec *s, int role, char
     static const char *roles[] = {"dkdv", "dq", "dkdvq"};
     int u = snprintf(buf, n, "bwd-sm90-%s d%d %s %s%s", roles[role], s->d, s->bf16 ? "bf16" : "f16",
                      masks[s->mask], s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
-    if (s->fwd_consumers == 3 && u > 0 && (size_t)u < n) u += snprintf(buf + u, n - (size_t)u, " c3");
     if (s->variant && u > 0 && (size_t)u < n)
         snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }
