@@ -787,6 +787,30 @@ describe("variants on the GPU #gpu", function()
     end
   end)
 
+  -- One bf16 case (a: the arguments, without backend) on the CPU oracle and on flash, forward and backward with a
+  -- fresh dout: LSE and output within 2e-2, the three input gradients within 5e-2, and the gradient of capture `cap`
+  -- (if given) within 2e-2 of its scale. The LSE bound: soft-capping at 30 makes a tanh error of e an error of 30 e
+  -- in the logit (tanh.approx.f32: up to ~4.9e-4 near +-1; al_tanh_fma: 1.0e-4). Returns flash's ctx.
+  local function flash_vs_oracle(what, a, d, cap)
+    a.dout = rnd({ B, S, H * d }, "bf16")
+    local oc, gc, cctx = run(a, "cpu")
+    a.backend = "flash"
+    local og, gg, ctx = run(a, "cuda")
+    local dl = al.max_abs_diff(ctx.lse:cpu():to("f64"), cctx.lse:to("f64"))
+    assert(dl < 2e-2, what .. " lse: " .. dl)
+    assert(al.max_abs_diff(og, oc) < 2e-2, what .. " out: " .. al.max_abs_diff(og, oc))
+    for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
+      local dd = al.max_abs_diff(gg[k]:cpu():to("f64"), gc[k]:to("f64"))
+      assert(dd < 5e-2, what .. " " .. k .. ": " .. dd)
+    end
+    if cap then
+      local want = gc.captures[cap]:to("f64")
+      local dd = al.max_abs_diff(gg.captures[cap]:cpu():to("f64"), want)
+      assert(dd < 2e-2 * math.max(1, want:abs():amax():item()), what .. " capture grad: " .. dd)
+    end
+    return ctx
+  end
+
   -- The kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES): the lean score_mod backward
   -- (AL_SM90_LEAN_MOD=1: soft-capping, ALiBi through a capture read, soft-capping beside a block-masked document
   -- mask_mod, GQA, d = 64 and 128; a capture gradient keeps the sliced path), the forward without ping-pong or
@@ -812,26 +836,8 @@ describe("variants on the GPU #gpu", function()
               value_layer = rnd({ B, S, HG, d }, "bf16"), qkv_format = "bshd", attn_mask_type = "causal",
               score_mod = c[2], mask_mod = c[3] }
             if c[3] then a.block_mask = al.attention.block_mask(c[3], B, H, S, S, { block = 128 }) end
-            a.dout = rnd({ B, S, H * d }, "bf16")
-            local oc, gc, cctx = run(a, "cpu")
-            a.backend = "flash"
-            local og, gg, ctx = run(a, "cuda")
+            local ctx = flash_vs_oracle(c[1] .. " d=" .. d, a, d, c[4])
             assert.truthy(ctx.cvariant.prelude ~= nil and ffi.string(ctx.cvariant.prelude):find(defs:gsub("=", " "), 1, true))
-            local what = c[1] .. " d=" .. d
-            -- the LSE: soft-capping at 30 makes a tanh error of e an error of 30 e in the logit (tanh.approx.f32:
-            -- up to ~4.9e-4 near +-1; al_tanh_fma, half of the columns here: 1.0e-4)
-            local dl = al.max_abs_diff(ctx.lse:cpu():to("f64"), cctx.lse:to("f64"))
-            assert(dl < 2e-2, what .. " lse: " .. dl)
-            assert(al.max_abs_diff(og, oc) < 2e-2, what .. " out: " .. al.max_abs_diff(og, oc))
-            for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
-              local dd = al.max_abs_diff(gg[k]:cpu():to("f64"), gc[k]:to("f64"))
-              assert(dd < 5e-2, what .. " " .. k .. ": " .. dd)
-            end
-            if c[4] then
-              local want = gc.captures[c[4]]:to("f64")
-              local dd = al.max_abs_diff(gg.captures[c[4]]:cpu():to("f64"), want)
-              assert(dd < 2e-2 * math.max(1, want:abs():amax():item()), what .. " capture grad: " .. dd)
-            end
           end
         end
       end)
@@ -863,23 +869,7 @@ describe("variants on the GPU #gpu", function()
           value_layer = rnd({ B, S, HG, d }, "bf16"), qkv_format = "bshd", attn_mask_type = c[5],
           score_mod = c[2], mask_mod = c[3] }
         if c[3] then a.block_mask = al.attention.block_mask(c[3], B, H, S, S, { block = c[6] }) end
-        a.dout = rnd({ B, S, H * d }, "bf16")
-        local oc, gc, cctx = run(a, "cpu")
-        a.backend = "flash"
-        local og, gg, ctx = run(a, "cuda")
-        local what = c[1] .. " d=" .. d
-        local dl = al.max_abs_diff(ctx.lse:cpu():to("f64"), cctx.lse:to("f64"))
-        assert(dl < 2e-2, what .. " lse: " .. dl)
-        assert(al.max_abs_diff(og, oc) < 2e-2, what .. " out: " .. al.max_abs_diff(og, oc))
-        for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
-          local dd = al.max_abs_diff(gg[k]:cpu():to("f64"), gc[k]:to("f64"))
-          assert(dd < 5e-2, what .. " " .. k .. ": " .. dd)
-        end
-        if c[4] then
-          local want = gc.captures[c[4]]:to("f64")
-          local dd = al.max_abs_diff(gg.captures[c[4]]:cpu():to("f64"), want)
-          assert(dd < 2e-2 * math.max(1, want:abs():amax():item()), what .. " capture grad: " .. dd)
-        end
+        flash_vs_oracle(c[1] .. " d=" .. d, a, d, c[4])
       end end
     end)
     local text = al.cuda.backend_info("flash")
