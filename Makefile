@@ -118,7 +118,8 @@ tests: all $(C_TESTS)
 
 # The CUDA snippets lua/attnlab/variants.lua generates for the example variants, which test_nvrtc_kernels
 # compiles with NVRTC (no GPU needed), so CI catches generated code that no longer compiles.
-$(BUILD)/variant_snippets.txt: all tests/c/variant_snippets.lua lua/attnlab/variants.lua examples/variants.lua
+$(BUILD)/variant_snippets.txt: all tests/c/variant_snippets.lua lua/attnlab/variants.lua lua/attnlab/variants/*.lua \
+		examples/variants.lua
 	@mkdir -p $(BUILD)
 	@env $(LUA_ENV) luajit tests/c/variant_snippets.lua > $@.tmp && mv -f $@.tmp $@
 
@@ -317,13 +318,14 @@ notebook: all
 # folder), works without ATTNLAB_* variables. tests/spec/install_spec.lua checks both.
 LUADIR := $(PREFIX)/share/lua/5.1
 install: all
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LUADIR)/attnlab \
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LUADIR)/attnlab/variants \
 		$(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(ALL_LIBS) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/attnlab.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)$(PREFIX)/share/attnlab/kernels
 	install -m 644 kernels/*.cu kernels/*.cuh kernels/*.h $(DESTDIR)$(PREFIX)/share/attnlab/kernels/
 	install -m 644 lua/attnlab/*.lua $(DESTDIR)$(LUADIR)/attnlab/
+	install -m 644 lua/attnlab/variants/*.lua $(DESTDIR)$(LUADIR)/attnlab/variants/
 	install -m 644 include/attnlab.h $(DESTDIR)$(LUADIR)/attnlab/
 	printf 'return { libdir = "%s", header = "%s", kernel_dir = "%s" }\n' "$(PREFIX)/lib" \
 		"$(PREFIX)/include/attnlab.h" "$(PREFIX)/share/attnlab/kernels" > $(DESTDIR)$(LUADIR)/attnlab/config.lua

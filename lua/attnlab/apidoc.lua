@@ -150,7 +150,7 @@ local function func_info(f)
   local file = info.source:match("^@(.*)$") or info.short_src
   local comment = file and M.doc_comment(file, info.linedefined) or ""
   -- the source path relative to the repository (lua/attnlab/x.lua), never an absolute one
-  local rel = file and (file:match("(lua/attnlab/[^/]+%.lua)$") or file:match("([^/]+%.lua)$")) or "?"
+  local rel = file and (file:match("(lua/attnlab/.+%.lua)$") or file:match("([^/]+%.lua)$")) or "?"
   return { params = concat(params, ", "), file = rel, comment = comment, self_method = params[1] == "self" }
 end
 

@@ -8,7 +8,7 @@ attnlab — a LuaJIT-scriptable research sandbox for attention.
 The front end is split by job; each module's install(al) adds its part to the `al` table:
   tensor.lua (tensors, views, copies, cuda, memory) · math.lua · print.lua · warnings.lua ·
   layout.lua (packed QKV/KV declaration, layout strings, legacy detection) · attention.lua ·
-  variants.lua (score_mod / mask_mod, block masks) · nn.lua
+  variants.lua (score_mod / mask_mod, block masks; its pieces in variants/) · nn.lua
 The raw C namespace stays reachable as al.C, and the FFI module as al.ffi.
 ]]
 local lffi = require "attnlab.ffi"

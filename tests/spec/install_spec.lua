@@ -98,7 +98,7 @@ describe("install", function()
       for _, f in ipairs({ "bin/attnlab", "lib/libattnlab.so", "include/attnlab.h", "lib/pkgconfig/attnlab.pc",
         "share/lua/5.1/attnlab/init.lua", "share/lua/5.1/attnlab/ffi.lua", "share/lua/5.1/attnlab/repl.lua",
         "share/lua/5.1/attnlab/config.lua", "share/lua/5.1/attnlab/attnlab.h",
-        "share/attnlab/kernels/flash_common.cuh" }) do
+        "share/lua/5.1/attnlab/variants/variant.lua", "share/attnlab/kernels/flash_common.cuh" }) do
         assert(exists(prefix .. "/" .. f), "missing after make install: " .. f)
       end
       local cfg = dofile(prefix .. "/share/lua/5.1/attnlab/config.lua")
