@@ -19,7 +19,7 @@ local maxdiff = require("nn_check").maxdiff   -- max |a[i] - b[i]| over two list
 
 -- C forward (unflattened out) vs oracle; returns the C out values.
 local function check_oracle(a, tol, name)
-  local out, ctx = al.attention.forward(a)
+  local _, ctx = al.attention.forward(a)
   local got = ctx.out:flat_values()
   local want = oracle.run(al, a)
   local d = maxdiff(got, want)
@@ -555,7 +555,6 @@ end)
 
 describe("attention.forward with a KV cache", function()
   it("rejects packed inputs together with inference_params, as TE does", function()
-    local al = require "attnlab"
     local qkv = al.randn({2, 8, 3, 2, 4})
     local ok, err = pcall(al.attention.forward, {qkv_layer = qkv, qkv_format = "bshd", inference_params = {}})
     assert.is_false(ok)

@@ -19,8 +19,6 @@ end
 -- (1.0e-3 .. 1.3e-3); see attention_gpu_spec.lua, GRAD_TOL_FUSED_F16.
 local TOL = { bf16 = { out = 1.5e-2, grad = 3e-2 }, f16 = { out = 1e-3, grad = 2.5e-3 } }
 
-local function cpu_copy(t) return t ~= nil and t:cpu() or nil end
-
 -- the same call on the CPU backend, with every tensor argument moved to the CPU
 local function cpu_args(a)
   local c = {}

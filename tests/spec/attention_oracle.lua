@@ -145,7 +145,7 @@ function O.run(al, a)
       local hk = math.floor((h - 1) / group) + 1
       for i = 0, qrows - 1 do
         local qi = row(tq, b, i, h, qstart[b])
-        local s, keep = {}, {}
+        local s = {}
         local m = -math.huge
         for j = 0, krows - 1 do
           local masked = (qvalid and not qvalid[b][i]) or (kvalid and not kvalid[b][j])

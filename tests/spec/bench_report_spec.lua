@@ -59,7 +59,8 @@ local function peer(rec)
     local v = rec[k]
     local s
     if type(v) == "string" then s = '"' .. v:gsub('[\\"]', "\\%0") .. '"'
-    elseif math.type and math.type(v) == "integer" or (type(v) == "number" and v == math.floor(v) and k ~= "fwd_tflops"
+    -- math.type (Lua 5.3's integer subtype) where it exists: feature detection, LuaJIT has none
+    elseif math.type and math.type(v) == "integer" or (type(v) == "number" and v == math.floor(v) and k ~= "fwd_tflops" -- luacheck: ignore 143
       and k ~= "bwd_tflops") then s = string.format("%d", v)
     else s = string.format("%.17g", v) end
     parts[#parts + 1] = '"' .. k .. '": ' .. s

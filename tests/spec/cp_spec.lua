@@ -574,7 +574,8 @@ describe("DotProductAttention / MultiheadAttention with cp_group (SimGroup, CPU)
       pr[i]:copy_(t)
       pm[i]:copy_(t)
     end
-    local x, so, call = nil, { cp_size = cp, qkv_format = fmt }, {}
+    local so, call = { cp_size = cp, qkv_format = fmt }, {}
+    local x
     if fmt == "thd" then
       local cup, cu = { 0, 4 * cp, 6 * cp }, { 0, 4 * cp - 1, 4 * cp + 1 }
       x = al.randn({ cup[3], hidden }, { dtype = "f64" })

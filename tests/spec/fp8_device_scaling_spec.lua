@@ -208,7 +208,7 @@ local function naive_update(hist, H, scale, amax, algo, fmax, margin)
       if v > m then m = v end
     end
   end
-  if m ~= m or not (m > 0) or m == math.huge then return h, scale end
+  if m ~= m or m <= 0 or m == math.huge then return h, scale end
   return h, fmax / m / 2 ^ margin
 end
 

@@ -3,10 +3,6 @@
 local al = require "attnlab"
 
 local function maxdiff(a, b) return al.max_abs_diff and al.max_abs_diff(a, b) or (a:to("f64") - b:to("f64")):abs():max() end
-local function bytes_equal(a, b)
-  local x, y = a:to("u8"), b:to("u8")   -- FP8 codes as integers? (conversion would decode): compare decoded values bitwise below
-  return x, y
-end
 -- FP8 tensors compared code by code: decode both exactly (f64) and compare as values, NaN = NaN
 local function same_codes(a, b)
   local x, y = a:to("f64"):flat_values(), b:to("f64"):flat_values()
@@ -205,7 +201,7 @@ describe("fp8 attention (cpu emulation)", function()
       local dout = al.randn({ 2, 64, 4 * 32 }, { dtype = "bf16" })
       local r = rc[2]()
       local out, ctx
-      for step = 1, 3 do   -- delayed recipes need a step to see their amaxes
+      for _ = 1, 3 do   -- delayed recipes need a step to see their amaxes
         out, ctx = al.attention.forward{ qkv_layer = qkv, qkv_format = "bshd", attn_mask_type = "causal", fp8_recipe = r }
       end
       local g = al.attention.backward(ctx, dout)
@@ -412,7 +408,7 @@ describe("fp8 CUDA parity #gpu", function()
     local x = (al.randn({ 3, 40, 3, 4, 32 }) * 30):to("bf16")
     x:select(1, 2):select(1, 5):fill_(1e9)
     local xv = x:permute(2, 1, 3, 5, 4)      -- strided
-    local xg, xvg = x:cuda(), x:cuda():permute(2, 1, 3, 5, 4)
+    local xvg = x:cuda():permute(2, 1, 3, 5, 4)
     assert.are.equal(al.fp8.amax(xv), al.fp8.amax(xvg))
     for _, fmt in ipairs({ "e4m3", "e5m2" }) do
       local a, b = al.fp8.quantize(xv, { format = fmt, scale = 1.7 }), al.fp8.quantize(xvg, { format = fmt, scale = 1.7 })

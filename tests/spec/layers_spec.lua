@@ -52,7 +52,7 @@ end
 -- q [b, s, h, d], positions pos[b][s] (Lua), rotating the first `dim` channels
 local function naive_rope(q, pos, dim, base, interleaved)
   local sz = q:size()
-  local b, s, h, d = sz[1], sz[2], sz[3], sz[4]
+  local b, s, h = sz[1], sz[2], sz[3]
   local qv = q:flat_values()
   local at = chk.idx(sz)
   local y = {}

@@ -389,12 +389,14 @@ describe("deprecation warnings for detected packed layouts", function()
     al.warnings.filter("once")
     local lines = {}
     local real = io.stderr
+    -- luacheck: push ignore 122 (io.stderr swapped to capture the warning, restored below)
     io.stderr = { write = function(_, ...) lines[#lines + 1] = table.concat({ ... }) end }
     local ok, e = pcall(function()
       al.warnings.reset()
       al.attention.detect_layout(q, k, v, "bshd")
     end)
     io.stderr = real
+    -- luacheck: pop
     al.warnings.filter(old)
     assert.is_true(ok, e)
     assert.equal(1, #lines)
@@ -482,7 +484,6 @@ end)
 
 describe("the declared path under the JIT", function()
   it("compiles: no trace aborts for NYI or inner loops inside layout.lua", function()
-    local al = require "attnlab"
     local buf = al.randn({2, 16, 3, 4, 8})
     local a = { qkv_layer = buf, qkv_interleave_dim = -3, qkv_format = "bshd" }
     local u = al.attention.unpack_qkv
@@ -495,7 +496,7 @@ describe("the declared path under the JIT", function()
     u(a)
     jit.flush()
     jv.start(log)
-    for _ = 1, 20000 do local _q, _k, _v, l = u(a) end
+    for _ = 1, 20000 do u(a) end
     jv.off()
     local f = assert(io.open(log))
     local text = f:read("*a")

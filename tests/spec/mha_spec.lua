@@ -349,9 +349,9 @@ describe("MultiheadAttention", function()
     b.pass_through = false
     local inp = { hidden_states = al.randn({ 3, 2, 16 }), encoder_output = al.randn({ 5, 2, 16 }) }
     local dy = al.randn({ 3, 2, 16 })
-    local ya, yb = a:forward(inp), nil
+    local ya = a:forward(inp)
     local dxa, dea = a:backward(inp, dy)
-    yb = b:forward(inp)
+    local yb = b:forward(inp)
     local dxb, deb = b:backward(inp, dy)
     assert.equal("q_kv", a.state.mode)
     assert.equal("sliced_kv", b.state.mode)

@@ -95,7 +95,7 @@ describe("al.plot", function()
     for _, t in ipairs({ "128", "256", "512", "1024", "2048" }) do assert.is_true(has_text(texts, t), "tick " .. t) end
     -- the larger y value is higher on the page (smaller y coordinate)
     local pts = {}
-    for px, py in lines[1].attrs.points:gmatch("([%d.-]+),([%d.-]+)") do pts[#pts + 1] = tonumber(py) end
+    for _, py in lines[1].attrs.points:gmatch("([%d.-]+),([%d.-]+)") do pts[#pts + 1] = tonumber(py) end
     local imax, imin = 1, 1
     for i = 1, #y1 do
       if y1[i] > y1[imax] then imax = i end

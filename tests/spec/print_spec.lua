@@ -169,12 +169,12 @@ describe("t:format(): values PyTorch-style", function()
         local t = al.randn({ 2, 2 })
         local buf = {}
         local real = io.write
-        io.write = function(...) for _, s in ipairs({ ... }) do buf[#buf + 1] = tostring(s) end end
+        io.write = function(...) for _, s in ipairs({ ... }) do buf[#buf + 1] = tostring(s) end end -- luacheck: ignore 122
         local ok, err = pcall(function()
             t:print()
             al.print(t)
         end)
-        io.write = real
+        io.write = real -- luacheck: ignore 122
         assert(ok, err)
         local text = t:format() .. "\n"
         assert.equal(text .. text, table.concat(buf))

@@ -45,13 +45,13 @@ describe("attnlab REPL (piped stdin)", function()
         local R = require "attnlab.repl"
         local written = {}
         local real_write = io.write
-        io.write = function(...) for _, s in ipairs({ ... }) do written[#written + 1] = tostring(s) end end
+        io.write = function(...) for _, s in ipairs({ ... }) do written[#written + 1] = tostring(s) end end -- luacheck: ignore 122
         local ok, err = pcall(function()
             R.run_chunk(function() os.execute("sleep 0.15") end, true, nil, nil, true)
             R.run_chunk(function() end, true, nil, nil, true)
             R.run_chunk(function() os.execute("sleep 0.15") end, true, nil, nil, false)
         end)
-        io.write = real_write
+        io.write = real_write -- luacheck: ignore 122
         assert(ok, err)
         local text = table.concat(written)
         local n = select(2, text:gsub("%(%d+%.%d+ s%)", ""))

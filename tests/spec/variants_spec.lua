@@ -5,7 +5,6 @@
 -- module integration, and (#gpu) the flash backend against the CPU oracle for every example variant.
 package.path = "tests/spec/?.lua;" .. package.path
 local al = require "attnlab"
-local V = require "attnlab.variants"
 local ffi = require "ffi"
 
 local function rnd(shape, dtype) return al.randn(shape, { dtype = dtype or "f64" }) end
@@ -183,6 +182,8 @@ describe("variants: tracer and code generation", function()
   end)
 
   it("explains unsupported constructs", function()
+    -- GLOBAL_T: a deliberate global (set and cleared below), read by a score_mod as a global, not an upvalue
+    -- luacheck: globals GLOBAL_T
     local t = al.randn({ 4 })
     local cases = {
       { function(s, b, h, q, kv) if al.lt(q, kv) then return s end return -math.huge end, "al.where" },
@@ -690,18 +691,18 @@ describe("variants on the GPU #gpu", function()
   it("soft-capping's fixed softmax max: rows at the cap's floor and fully masked rows, forward and backward", function()
     if not HAS_GPU then pending("no GPU") return end
     al.manual_seed(29)
-    local B, S, H, D, cap = 2, 300, 4, 128, 30
-    local q, k, v = rnd({ B, S, H, D }), rnd({ B, S, H, D }), rnd({ B, S, H, D })
+    local FB, FS, FH, FD, cap = 2, 300, 4, 128, 30   -- this test's shape (not the describe's B, S, H, D)
+    local q, k, v = rnd({ FB, FS, FH, FD }), rnd({ FB, FS, FH, FD }), rnd({ FB, FS, FH, FD })
     -- keys u + noise; query row 6 (1-based) is -8 u: all its logits near -cap. The others: logits of std ~2.5
-    local u = rnd({ D })
+    local u = rnd({ FD })
     local qp, kp, up = ffi.cast("double *", q:data_ptr()), ffi.cast("double *", k:data_ptr()), ffi.cast("double *", u:data_ptr())
-    for b = 0, B - 1 do
-      for i = 0, S - 1 do
-        for h = 0, H - 1 do
-          local o = ((b * S + i) * H + h) * D
-          for d = 0, D - 1 do
+    for b = 0, FB - 1 do
+      for i = 0, FS - 1 do
+        for h = 0, FH - 1 do
+          local o = ((b * FS + i) * FH + h) * FD
+          for d = 0, FD - 1 do
             kp[o + d] = up[d] + 0.3 * kp[o + d]
-            qp[o + d] = i == 5 and -8 * up[d] or 2.5 * qp[o + d] / math.sqrt(D)
+            qp[o + d] = i == 5 and -8 * up[d] or 2.5 * qp[o + d] / math.sqrt(FD)
           end
         end
       end
@@ -709,7 +710,7 @@ describe("variants on the GPU #gpu", function()
     local function args(dt)
       return { query_layer = q:to(dt), key_layer = k:to(dt), value_layer = v:to(dt), qkv_format = "bshd",
         attn_mask_type = "no_mask", score_mod = function(score) return cap * al.tanh(score / cap) end,
-        mask_mod = function(b, h, qi, kv) return al.ne(qi, 10) end, dout = rnd({ B, S, H * D }, dt) }
+        mask_mod = function(b, h, qi, kv) return al.ne(qi, 10) end, dout = rnd({ FB, FS, FH * FD }, dt) }
     end
     for _, dt in ipairs({ "bf16", "f16" }) do
       local a = args(dt)
@@ -723,12 +724,12 @@ describe("variants on the GPU #gpu", function()
           local tol = dt == "f16" and 5e-3 or 2e-2
           local what = dt .. " fixed max " .. fixed
           assert(al.max_abs_diff(og, oc) < tol, what .. " out: " .. al.max_abs_diff(og, oc))
-          -- row 10: every key masked, zero output and lse -inf; row 6: every logit at the floor, lse near -cap + log S
-          assert.equal(0, og:view(B, S, H * D):select(2, 10):abs():amax():item())
+          -- row 10: every key masked, zero output and lse -inf; row 6: every logit at the floor, lse near -cap + log FS
+          assert.equal(0, og:view(FB, FS, FH * FD):select(2, 10):abs():amax():item())
           local lse = ctx.lse:cpu():to("f64")
           assert.equal(-math.huge, lse:select(3, 10):amax():item())
           local l6, c6 = lse:select(3, 6), cctx.lse:to("f64"):select(3, 6)
-          assert(c6:amax():item() < -cap + math.log(S) + 1, "row 6's logits are not at the floor")
+          assert(c6:amax():item() < -cap + math.log(FS) + 1, "row 6's logits are not at the floor")
           assert(al.max_abs_diff(l6, c6) < 5e-3, what .. " row 6 lse: " .. al.max_abs_diff(l6, c6))
           local lm = lse:narrow(3, 1, 9)
           assert(al.max_abs_diff(lm, cctx.lse:to("f64"):narrow(3, 1, 9)) < 5e-3, what .. " lse")
@@ -753,12 +754,12 @@ describe("variants on the GPU #gpu", function()
     local dev = al.cuda.device_info(0)
     if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
     al.manual_seed(31)
-    local B, S, H, HG, D = 4, 4096, 4, 2, 128
+    local PB, PS, PH, PHG, PD = 4, 4096, 4, 2, 128   -- this test's shape (not the describe's B, S, H, HG, D)
     local ids = {}
-    for b = 1, B do
+    for b = 1, PB do
       ids[b] = {}
       local d, left = 0, 300 + 97 * b
-      for i = 1, S do
+      for i = 1, PS do
         if left == 0 then d, left = d + 1, 300 + (d * 389 + 211 * b) % 700 end
         ids[b][i], left = d, left - 1
       end
@@ -766,11 +767,11 @@ describe("variants on the GPU #gpu", function()
     local doc = al.tensor(ids, { dtype = "i32" })
     local docs = function(b, _, q, k) return al.eq(doc[b][q], doc[b][k]) end
     local o = { dtype = "bf16", device = "cuda" }
-    local base = { query_layer = al.randn({ B, S, H, D }, o), key_layer = al.randn({ B, S, HG, D }, o),
-      value_layer = al.randn({ B, S, HG, D }, o), qkv_format = "bshd", backend = "flash" }
-    local dout = al.randn({ B, S, H * D }, o)
+    local base = { query_layer = al.randn({ PB, PS, PH, PD }, o), key_layer = al.randn({ PB, PS, PHG, PD }, o),
+      value_layer = al.randn({ PB, PS, PHG, PD }, o), qkv_format = "bshd", backend = "flash" }
+    local dout = al.randn({ PB, PS, PH * PD }, o)
     for _, extra in ipairs({
-      { attn_mask_type = "causal", mask_mod = docs, block_mask = al.attention.block_mask(docs, B, 1, S, S, { block = 128 }) },
+      { attn_mask_type = "causal", mask_mod = docs, block_mask = al.attention.block_mask(docs, PB, 1, PS, PS, { block = 128 }) },
       { attn_mask_type = "causal", score_mod = function(score) return 30 * al.tanh(score / 30) end } }) do
       local g = {}
       for _, pz in ipairs({ "0", "1" }) do
