@@ -8,7 +8,7 @@
 #                   build/bench/report/index.md (scripts/bench_report.lua, with the peer's curves if measured)
 #   make demo       installs what is missing (make deps), builds, runs examples/demo.lua
 #   make install    PREFIX=/usr/local DESTDIR= : library, header, Lua modules, launcher, pkg-config
-#   make deps       apt-get installs luajit, libluajit-5.1-dev, lua-busted, libopenblas-dev if missing
+#   make deps       apt-get installs luajit, libluajit-5.1-dev, lua-busted, lua-check, libopenblas-dev if missing
 #   make clean
 #
 # O=/some/dir puts build/ and lib/ under that folder (parallel builds of one checkout never race).
@@ -160,7 +160,7 @@ apt_install = missing=""; for p in $($(1)); do \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	else echo "attnlab: $(2) present ($($(1)))"; fi
 
-DEB_PKGS := luajit libluajit-5.1-dev lua-busted libopenblas-dev
+DEB_PKGS := luajit libluajit-5.1-dev lua-busted lua-check libopenblas-dev
 deps:
 	@$(call apt_install,DEB_PKGS,dependencies)
 

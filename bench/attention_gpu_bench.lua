@@ -64,8 +64,8 @@ for _, sh in ipairs(SHAPES) do
       for _, be in ipairs(backends) do
         args.backend = be
         local ok, err = pcall(function()
-          local out, ctx
-          local tf = gpu_time(function() out, ctx = al.attention.forward(args) end)
+          local ctx
+          local tf = gpu_time(function() ctx = select(2, al.attention.forward(args)) end)
           local tb = gpu_time(function() al.attention.backward(ctx, dout) end)
           local rec = { kind = "attention", b = b, h = h, s = s, d = d, mask = mask, layout = layout, backend = be,
             fwd_ms = tf, bwd_ms = tb, fwd_tflops = flops / (tf * 1e-3) / 1e12,
@@ -84,7 +84,8 @@ for _, sh in ipairs(SHAPES) do
       end
     end
   end
-  qkv, q, k, v, dout = nil, nil, nil, nil, nil
+  -- (the references dropped, so collectgarbage frees the tensors)
+  qkv, q, k, v, dout = nil, nil, nil, nil, nil  -- luacheck: ignore 311
   collectgarbage()
   al.cuda.empty_cache()
 end

@@ -27,7 +27,6 @@ that launches one kernel.
 ]]
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
-local ffi = require "ffi"
 local C = require("attnlab.ffi").C
 
 local N = tonumber(arg and arg[1]) or 10000

@@ -161,7 +161,7 @@ if section(1) then
     local configs, names = { a, with(a, { score_mod = sc }), running },
       { "plain (reference)", "softcap 30 (score_mod)", "softcap 30, running max" }
     if flags["--experiments"] then
-      -- the kernels' build switches under test (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants.lua)
+      -- the kernels' build switches under test (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua)
       for _, x in ipairs({ { "AL_SM90_LEAN_MOD=1", "softcap 30, lean backward" },
         { "AL_SM90_PINGPONG=0", "softcap 30, fwd without ping-pong" },
         { "AL_SM90_PIPE=0", "softcap 30, fwd without S/O overlap" },

@@ -2,6 +2,7 @@
 -- what the REPL printed), the form of docs/guide_*.md. Lines starting with "## " in the input become
 -- headings between blocks (printed as "## ..." on their own).
 --   scripts/attnlab scripts/transcript.lua session.lua > out.txt
+local al = require "attnlab"
 local repl = require "attnlab.repl"
 local path = assert(arg[1], "usage: transcript.lua session.lua")
 local f = assert(io.open(path))

@@ -733,7 +733,7 @@ function M.install(al)
   end
   -- for bench/host_overhead.lua: the Lua front end alone (everything forward does before the C call)
   A._prepare = function(args, defaults)
-    local p, inp, refs, layout, mode, fmt_name = build(al, "attention.forward", args, defaults, 2)
+    local p, inp, refs, _, mode, fmt_name = build(al, "attention.forward", args, defaults, 2)
     apply_fp8(al, "attention.forward", args, defaults, inp, refs, mode, fmt_name, false)
     return p, inp, refs
   end

@@ -298,8 +298,8 @@ function M.nccl()
       -- pinned first with RTLD_NODELETE (glibc 0x1000): LuaJIT dlcloses ffi.load'ed libraries when the
       -- state closes, and unloading NCCL under its running bootstrap/proxy threads crashes the exit
       if C.dlopen(n, 0x2 + 0x100 + 0x1000) == nil then
-        local e = C.dlerror() -- (may be NULL: the FFI's own symbol lookups clear it)
-        why[#why + 1] = n .. ": " .. (e ~= nil and ffi.string(e) or "dlopen failed")
+        local msg = C.dlerror() -- (may be NULL: the FFI's own symbol lookups clear it)
+        why[#why + 1] = n .. ": " .. (msg ~= nil and ffi.string(msg) or "dlopen failed")
       end
       local okl, lib = pcall(ffi.load, n)
       if okl then nccl_lib = lib return lib end
@@ -664,9 +664,8 @@ local function parse(args, fname)
       " (bottom-right and arbitrary masks are not supported with context parallelism)", 3)
   end
   S.causal = S.mask == "causal"
-  if S.causal and S.lb == "contiguous" and S.comm ~= "a2a" then
-    -- allowed (correct, but the work is uneven: rank cp-1 does cp times rank 0's)
-  end
+  -- (causal with load_balance = "contiguous" outside a2a is allowed: correct, but the work is uneven, rank cp-1
+  -- does cp times rank 0's)
   local ws = args.window_size
   if ws ~= nil then
     if type(ws) ~= "table" or #ws ~= 2 then fail(fname, "window_size: expected {left, right}", 3) end
@@ -886,11 +885,6 @@ local function seg_accs(S, t_like, last, kv, fill)
   return full, seg_views(full, S.fmt, seqs_of(S, kv))
 end
 
-local function lse_views(S, r_lse)
-  -- r_lse: list of [B,H,S] tensors per segment
-  return r_lse
-end
-
 ---------------------------------------------------------------------------------------------------
 -- p2p
 ---------------------------------------------------------------------------------------------------
@@ -938,7 +932,7 @@ local function ring(S, kvcur, compute, after_compute)
   finish_streams(ov, ranks)
 end
 local function p2p_forward(S)
-  local g, ranks, cp = S.group, S.ranks, S.cp
+  local ranks, cp = S.ranks, S.cp
   local st = {}
   for _, r in ipairs(ranks) do
     local o_full, o_views = seg_accs(S, S.q[r], S.dv, false, nil)

@@ -35,7 +35,6 @@ local E4M3, E5M2 = 4, 5
 local FORMAT = { e4m3 = E4M3, e5m2 = E5M2, fp8_e4m3 = E4M3, fp8_e5m2 = E5M2, E4M3 = E4M3, E5M2 = E5M2 }
 local FMT_NAME = { [E4M3] = "e4m3", [E5M2] = "e5m2" }
 local SLOTS = { "qkv", "s", "o", "do", "dp", "dqkv" }
-local SLOT_INDEX = { qkv = 0, s = 1, o = 2, ["do"] = 3, dp = 4, dqkv = 5 }
 local FORWARD = { qkv = true, s = true, o = true }
 M.SLOTS = SLOTS
 

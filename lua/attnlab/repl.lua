@@ -33,7 +33,7 @@ local ffi = require "ffi"
 
 local M = {}
 
-local unpack = unpack or table.unpack
+local unpack = unpack
 local concat, format = table.concat, string.format
 -- Exit through lua_close (os.exit's second argument) so every tensor's finalizer runs: LeakSanitizer
 -- (make test-asan) then reports only real leaks, not the tensors still referenced when a script ends.

@@ -108,10 +108,6 @@ local function is_tensor(x)
 end
 M.is_tensor = is_tensor
 
-local function check_self(t, fname)
-  if not is_tensor(t) then error(fname .. ": expected a tensor as self, got " .. type(t) .. " (use t:" .. fname .. "(...))", 3) end
-end
-
 -- Lua dim (1-based, negative from the end) -> C dim (0-based). `extra` allows ndim+1 (unsqueeze).
 local function dim0(t, d, fname, argname, extra)
   if t.raw.storage == nil then error(fname .. ": self: expected a tensor, got a released tensor", 3) end

@@ -39,7 +39,7 @@ end
 local soft, rel, doc = EX.softcap.score_mod, EX.relative_bias.score_mod, EX.document.mask_mod
 emit("softcap+relative_bias+document", function(score, b, h, q, kv) return soft(rel(score, b, h, q, kv)) end,
   doc, true)
--- the kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants.lua): the lean
+-- the kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua): the lean
 -- score_mod backward, the forward without ping-pong, the FMA-pipe tanh, so that CI compiles them (no spills, no
 -- serialised wgmma)
 local ffi = require "ffi"

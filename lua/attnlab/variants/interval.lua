@@ -91,7 +91,6 @@ local function interval(root, box, caps_range)
           local p, st = r.ptr, r.strides
           local l2, h2 = huge, -huge
           local nd = #n.args
-          local idx = {}
           local function rec(d, off)
             if d > nd then
               local x = p[off]
@@ -101,7 +100,7 @@ local function interval(root, box, caps_range)
               end
               return
             end
-            for i = box_lo[d], box_hi[d] do idx[d] = i rec(d + 1, off + (i - 1) * st[d]) end
+            for i = box_lo[d], box_hi[d] do rec(d + 1, off + (i - 1) * st[d]) end
           end
           rec(1, 0)
           hit = { l2, h2 }
