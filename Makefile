@@ -2,7 +2,8 @@
 #
 #   make            lib/libattnlab.so (the core, no CUDA dependency) and, when nvcc is found,
 #                   lib/libattnlab_cuda.so (the CUDA plugin: sm_90a + sm_80)
-#   make test       C unit tests + busted specs under LuaJIT; ends with "N passed, N failed[, N skipped]"
+#   make test       installs what is missing (test-deps), then C unit tests + busted specs under LuaJIT; ends
+#                   with "N passed, N failed[, N skipped]"
 #   make tests      builds the C unit tests only (build/tests/; e.g. to carry to the GPU machine)
 #   make bench      every bench/*.lua (CPU, and GPU where one is usable); on a GPU, the chart report
 #                   build/bench/report/index.md (scripts/bench_report.lua, with the peer's curves if measured)
@@ -61,7 +62,7 @@ else
   CUDA_NOTE := skipped the CUDA plugin: nvcc not found (set NVCC=/path/to/nvcc); CPU only
 endif
 
-.PHONY: all test test-c test-lua bench demo install deps clean
+.PHONY: all test test-run test-deps test-c test-lua bench demo install deps clean
 .DEFAULT_GOAL := all
 
 all: $(ALL_LIBS)
@@ -123,7 +124,10 @@ $(BUILD)/variant_snippets.txt: all tests/c/variant_snippets.lua lua/attnlab/vari
 	@mkdir -p $(BUILD)
 	@env $(LUA_ENV) luajit tests/c/variant_snippets.lua > $@.tmp && mv -f $@.tmp $@
 
-test: all $(C_TESTS) $(GPU_CHECKS) $(BUILD)/variant_snippets.txt
+# make test on a fresh machine installs what it needs first (test-deps), then builds and runs everything.
+test: test-deps
+	@$(MAKE) --no-print-directory test-run
+test-run: all $(C_TESTS) $(GPU_CHECKS) $(BUILD)/variant_snippets.txt
 	@mkdir -p $(BUILD)
 	@rm -f $(BUILD)/test.log
 	@for t in $(C_TESTS); do sh scripts/tally.sh run $(BUILD)/test.log $$t; done; true
@@ -163,6 +167,16 @@ apt_install = missing=""; for p in $($(1)); do \
 DEB_PKGS := luajit libluajit-5.1-dev lua-busted lua-check libopenblas-dev
 deps:
 	@$(call apt_install,DEB_PKGS,dependencies)
+
+# What make test cannot do without, checked by what it provides rather than by package (LuaJIT, busted, the
+# CBLAS header), so a host that brings them otherwise (the GPU host's .gpu-deps/env.sh: no apt there) is left
+# alone; if one is missing, make deps installs the Debian packages. luacheck is optional (lint_spec is
+# pending without it; make deps and CI install it).
+test-deps:
+	@if command -v $(firstword $(LUAJIT)) >/dev/null 2>&1 && $(BUSTED) --version >/dev/null 2>&1 && \
+		echo '#include <cblas.h>' | $(CC) -E -x c - >/dev/null 2>&1; then :; \
+	else echo "attnlab: LuaJIT, busted or the CBLAS header is missing: make deps"; $(MAKE) --no-print-directory deps || \
+		echo "attnlab: make deps failed; going on (what is still missing fails below, by name)"; fi
 
 # ---- reliability: sanitizers and fuzzing (tests/asan/, tests/fuzz/, docs/RELIABILITY.md) -----------
 #   make test-asan   the core library and C tests rebuilt with AddressSanitizer + UndefinedBehavior-
