@@ -16,7 +16,8 @@ API (h is the QUERY head; q_idx/kv_idx are sequence-local). mask_mod(b, h, q_idx
 Both functions are called once with symbolic values that record what they compute:
   arithmetic      + - * / % unary minus, ^ with a constant exponent (number ^ symbolic via exp/log)
   comparisons     al.lt al.le al.gt al.ge al.eq al.ne (Lua's < <= == cannot return symbolic values)
-  logic           al.land al.lor al.lnot, selection al.where(cond, a, b)
+  logic           al.land al.lor al.lnot, selection al.where(cond, a, b); whole masks combine with
+                  al.attention.and_masks / or_masks (and noop_mask), as in FlexAttention
   math            al.exp al.log al.tanh al.sqrt al.abs al.min al.max (on tensors these stay the
                   tensor functions, on numbers they compute; only symbolic arguments are traced)
   captured tensors  any tensor the function reaches as an upvalue or a global (directly, inside a plain
@@ -77,6 +78,28 @@ local function any_sym(...)
   for i = 1, select("#", ...) do if is_sym((select(i, ...))) then return true end end
   return false
 end
+-- and_masks / or_masks: the mask_mods combined pairwise, as a balanced tree of closures whose upvalues are the
+-- two halves, so the tracer's upvalue scan reaches every mask's captures (a table of masks would hide them)
+local function combine_masks(fname, op, none, ...)
+  local masks, n = { ... }, select("#", ...)
+  for i = 1, n do
+    if type(masks[i]) ~= "function" then
+      error(string.format("%s: argument %d: expected a mask_mod function(b, h, q_idx, kv_idx), got %s", fname, i,
+        type(masks[i])), 3)
+    end
+  end
+  if n == 0 then return function() return none end end
+  local function tree(lo, hi)
+    if lo == hi then return masks[lo] end
+    local mid = math.floor((lo + hi) / 2)
+    local left, right = tree(lo, mid), tree(mid + 1, hi)
+    return trace.scan_upvalues_of(function(b, h, q_idx, kv_idx)
+      return op(left(b, h, q_idx, kv_idx), right(b, h, q_idx, kv_idx))
+    end)
+  end
+  return tree(1, n)
+end
+
 local function any_tensor(...)
   for i = 1, select("#", ...) do if is_tensor((select(i, ...))) then return true end end
   return false
@@ -159,6 +182,14 @@ function M.install(al)
   end
   A.capture = M.capture
   A.param = M.param
+  -- al.attention.and_masks(m1, m2, ...): the mask_mod that keeps an element where every mask_mod given keeps it
+  -- (FlexAttention's and_masks; with none, everything is kept)
+  A.and_masks = function(...) return combine_masks("attention.and_masks", al.land, true, ...) end
+  -- al.attention.or_masks(m1, m2, ...): the mask_mod that keeps an element where any mask_mod given keeps it
+  -- (FlexAttention's or_masks; with none, nothing is kept)
+  A.or_masks = function(...) return combine_masks("attention.or_masks", al.lor, false, ...) end
+  -- al.attention.noop_mask(b, h, q_idx, kv_idx): the mask_mod that keeps everything (FlexAttention's noop_mask)
+  A.noop_mask = function(b, h, q_idx, kv_idx) return true end
   -- al.attention.block_mask(mask_mod, B, H, Sq, Skv, {block = 128 | block_m =, block_n =}): the tile map of
   -- mask_mod (u8 [B|1, H|1, ceil(Sq/bm), ceil(Skv/bn)], 0 empty / 1 partial / 2 full) for the
   -- block_mask argument of al.attention.forward; :sparsity() is the fraction of skipped tiles

@@ -355,6 +355,58 @@ describe("variants: the CPU oracle against the built-in CPU backend", function()
       copy(a, { mask_mod = function(b, h, q, kv) return al.land(al.le(q - kv, 2), al.le(kv - q, 1)) end }))
   end)
 
+  it("and_masks / or_masks / noop_mask (FlexAttention's combinators) == the masks written out and built in", function()
+    al.manual_seed(41)
+    local A = al.attention
+    local causal = function(b, h, q, kv) return al.ge(q, kv) end
+    local back3 = function(b, h, q, kv) return al.le(q - kv, 3) end
+    local prefix = function(b, h, q, kv) return al.le(kv, 4) end
+    -- the traced tree is the written-out one, so the generated C is too
+    assert.equal(src({ mask_mod = function(b, h, q, kv) return al.land(causal(b, h, q, kv), back3(b, h, q, kv)) end }).mask_mod,
+      src({ mask_mod = A.and_masks(causal, back3) }).mask_mod)
+    assert.equal(src({ mask_mod = function(b, h, q, kv) return al.lor(prefix(b, h, q, kv), causal(b, h, q, kv)) end }).mask_mod,
+      src({ mask_mod = A.or_masks(prefix, causal) }).mask_mod)
+    local a = inputs({ sq = 12 })
+    same(copy(a, { attn_mask_type = "causal", window_size = { 3, 0 } }), copy(a, { mask_mod = A.and_masks(causal, back3) }))
+    same(a, copy(a, { mask_mod = A.noop_mask }))
+    same(a, copy(a, { mask_mod = A.and_masks() }))          -- no mask: everything kept
+    assert.is_true(A.and_masks(causal)(0, 0, 2, 1) and not A.and_masks(causal)(0, 0, 1, 2))   -- on numbers: Lua booleans
+    -- or_masks() keeps nothing: zero output, lse -inf
+    local out, ctx = al.attention.forward(copy(a, { mask_mod = A.or_masks() }))
+    assert.equal(0, out:abs():amax():item())
+    assert.equal(-math.huge, ctx.lse:amax():item())
+    -- a mask's captures are found through the combinators' closures, seven masks deep
+    local doc = al.tensor({ { 1, 1, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4 }, { 1, 2, 2, 2, 2, 2, 3, 3, 4, 4, 4, 4 } }, { dtype = "i32" })
+    local same_doc = function(b, h, q, kv) return al.eq(doc[b][q], doc[b][kv]) end
+    local many = A.and_masks(causal, A.noop_mask, back3, causal, A.or_masks(same_doc), back3, causal)
+    local v = A.variant({ mask_mod = many })
+    assert.equal(1, #v.captures)
+    same(copy(a, { mask_mod = function(b, h, q, kv) return al.land(al.land(causal(b, h, q, kv), back3(b, h, q, kv)),
+      same_doc(b, h, q, kv)) end }), copy(a, { mask_mod = many }))
+    local bm1 = A.block_mask(many, 2, 1, 12, 12, { block = 2 })
+    local bm2 = A.block_mask(function(b, h, q, kv) return al.land(al.land(causal(b, h, q, kv), back3(b, h, q, kv)),
+      same_doc(b, h, q, kv)) end, 2, 1, 12, 12, { block = 2 })
+    assert.are.same(bm2.mask:flat_values(), bm1.mask:flat_values())
+    local e = err_of(A.and_masks, causal, 3)
+    assert.truthy(e:find("attention.and_masks: argument 2: expected a mask_mod function(b, h, q_idx, kv_idx), got number",
+      1, true), e)
+    e = err_of(A.or_masks, "causal")
+    assert.truthy(e:find("attention.or_masks: argument 1:", 1, true), e)
+  end)
+
+  it("a mask_mod that keeps al.land / al.ge in locals traces (attnlab's own functions are never scanned for captures)", function()
+    -- the upvalue scan used to walk into al.land's upvalues and swap the tensor ctype inside al.is_tensor for a
+    -- capture proxy: "tensor.lua: attempt to index field 'raw'" instead of a variant
+    local land, ge, le = al.land, al.ge, al.le
+    local a = inputs({ sq = 9 })
+    same(copy(a, { attn_mask_type = "causal", window_size = { 2, 0 } }),
+      copy(a, { mask_mod = function(b, h, q, kv) return land(ge(q, kv), le(q - kv, 2)) end }))
+    local slopes = rnd({ 4 })
+    local sub, abs = function(x, y) return x - y end, al.abs
+    same(copy(a, { score_mod = function(s, b, h, q, kv) return s - slopes[h] * al.abs(kv - q) end }),
+      copy(a, { score_mod = function(s, b, h, q, kv) return sub(s, slopes[h] * abs(kv - q)) end }))
+  end)
+
   it("soft-capping == the naive formula (forward)", function()
     al.manual_seed(5)
     local a = inputs({ b = 1, sq = 6, skv = 8, h = 2, d = 8, dv = 8 })

@@ -155,7 +155,14 @@ local function new_context()
   return c
 end
 
--- Replace tensor upvalues of fn (directly, in plain tables, through helper functions) by proxies;
+-- The chunk-name prefix of attnlab's own Lua modules (lua/attnlab/...): their functions are not scanned.
+local LIB_SOURCE = "@" .. (debug.getinfo(1, "S").source:match("^@(.*/)variants/trace%.lua$") or "\0")
+-- library closures that hold a researcher's functions as upvalues (al.attention.and_masks / or_masks): scanned
+local scan_through = setmetatable({}, { __mode = "k" })
+local function scan_upvalues_of(f) scan_through[f] = true return f end
+
+-- Replace tensor upvalues of fn (directly, in plain tables, through helper functions, up to 8 functions deep:
+-- and_masks of many masks nests closures) by proxies;
 -- returns a function that restores everything.
 local function swap_upvalues(fn, c, al)
   local undo = {}
@@ -163,9 +170,12 @@ local function swap_upvalues(fn, c, al)
   local function scan(f, depth)
     if seen[f] then return end
     seen[f] = true
+    local info = debug.getinfo(f, "S")
+    -- attnlab's own functions (al.land kept in a local, say) hold the library's state, never a capture: scanning
+    -- them swapped the tensor ctype inside al.is_tensor for a proxy, which broke the trace
+    if info and info.source:sub(1, #LIB_SOURCE) == LIB_SOURCE and not scan_through[f] then return end
     -- globals (the REPL's `slopes = al.tensor(...)` is one): the function reads them through a proxy
     -- environment that hands out captures for tensors, for as long as the trace runs
-    local info = debug.getinfo(f, "S")
     if info and info.what ~= "C" then
       local env = getfenv(f)
       if type(env) == "table" then
@@ -188,7 +198,7 @@ local function swap_upvalues(fn, c, al)
         local slot = i
         debug.setupvalue(f, slot, c.proxy(val))
         undo[#undo + 1] = function() debug.setupvalue(f, slot, val) end
-      elseif type(val) == "function" and depth < 4 then
+      elseif type(val) == "function" and depth < 8 then
         scan(val, depth + 1)
       elseif type(val) == "table" and val ~= al and getmetatable(val) == nil and not seen[val] then
         seen[val] = true
@@ -289,5 +299,5 @@ local function trace(al, fn, args, what, c)
 end
 
 
-M.Cap, M.trace, M.new_context, M.note_bool = Cap, trace, new_context, note_bool
+M.Cap, M.trace, M.new_context, M.note_bool, M.scan_upvalues_of = Cap, trace, new_context, note_bool, scan_upvalues_of
 return M
