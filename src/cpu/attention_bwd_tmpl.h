@@ -15,6 +15,7 @@
 #define BWD_CAT2(a, b) a##b
 #define BWD_CAT(a, b) BWD_CAT2(a, b)
 #define BWD_FN BWD_CAT(al_attn_bwd_, SUF)
+#include "cpu/attention_scores_tmpl.h"   /* SCORES_ROW: bias, ALiBi, mask of one row, as the forward */
 
 static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_tensor *dout, const REAL *lse,
                         al_tensor *dq, al_tensor *dk, al_tensor *dv, double *dbias_thr, int64_t dbias_n,
@@ -116,25 +117,7 @@ static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_t
                         for (int64_t r = 0; r < bm; r++) {
                             REAL *s = P + r * BN, *pd = PD + r * BN, *g = dP + r * BN;
                             const int64_t i = i0 + r;
-                            if (pre || post) {   /* as the forward: scale qk (+ scale B | + B) */
-                                const REAL f = pre ? scale : (REAL)1;
-                                for (int64_t c = 0; c < bn; c++) s[c] += f * (REAL)al_attn_bias_at(pl, bb, hh, i, j0 + c);
-                            }
-                            if (alibi)
-                                for (int64_t c = 0; c < bn; c++) {
-                                    int64_t dist = j0 + c - i - diag;
-                                    s[c] -= (REAL)slope * (REAL)(dist < 0 ? -dist : dist);
-                                }
-                            if (need_mask) {
-                                int64_t wlo, whi;
-                                if (al_attn_row_window(pl, bb, i, j0, bn, &wlo, &whi)) {
-                                    for (int64_t c = 0; c < wlo; c++) s[c] = (REAL)-INFINITY;
-                                    for (int64_t c = whi; c < bn; c++) s[c] = (REAL)-INFINITY;
-                                } else {
-                                    for (int64_t c = 0; c < bn; c++)
-                                        if (al_attn_masked(pl, bb, hh, i, j0 + c)) s[c] = (REAL)-INFINITY;
-                                }
-                            }
+                            SCORES_ROW(pl, bb, hh, i, j0, bn, s, scale, pre, post, alibi, slope, diag, need_mask);
                             (void)EXPSUM(s, bn, L[r]);   /* P = exp(s - lse) */
                             if (f8 && f8->sS >= 0)       /* the S slot, exactly as the forward's P.V read it */
                                 for (int64_t c = 0; c < bn; c++)
@@ -194,5 +177,8 @@ static al_status BWD_FN(const al_attn_plan *pl, const al_tensor *out, const al_t
 }
 
 #undef BWD_FN
+#undef SCORES_ROW
+#undef SCORES_CAT
+#undef SCORES_CAT2
 #undef BWD_CAT
 #undef BWD_CAT2

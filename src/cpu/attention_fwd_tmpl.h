@@ -14,6 +14,7 @@
 #define FWD_CAT2(a, b) a##b
 #define FWD_CAT(a, b) FWD_CAT2(a, b)
 #define FWD_FN FWD_CAT(al_attn_fwd_, SUF)
+#include "cpu/attention_scores_tmpl.h"   /* SCORES_ROW: bias, ALiBi, mask of one row */
 
 static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse, float *maxlog_thr, const al_attn_f8 *f8) {
     const al_attn_params *p = &pl->p;
@@ -105,25 +106,7 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
                 for (int64_t r = 0; r < bm; r++) {
                     REAL *s = S + r * AL_ATTN_BN;
                     const int64_t i = i0 + r;
-                    if (pre || post) {   /* pre: scale (qk + B) = scale qk + scale B */
-                        const REAL f = pre ? scale : (REAL)1;
-                        for (int64_t c = 0; c < bn; c++) s[c] += f * (REAL)al_attn_bias_at(pl, bb, hh, i, j0 + c);
-                    }
-                    if (alibi)
-                        for (int64_t c = 0; c < bn; c++) {
-                            int64_t dist = j0 + c - i - diag;
-                            s[c] -= (REAL)slope * (REAL)(dist < 0 ? -dist : dist);
-                        }
-                    if (need_mask) {
-                        int64_t wlo, whi;
-                        if (al_attn_row_window(pl, bb, i, j0, bn, &wlo, &whi)) {
-                            for (int64_t c = 0; c < wlo; c++) s[c] = (REAL)-INFINITY;
-                            for (int64_t c = whi; c < bn; c++) s[c] = (REAL)-INFINITY;
-                        } else {
-                            for (int64_t c = 0; c < bn; c++)
-                                if (al_attn_masked(pl, bb, hh, i, j0 + c)) s[c] = (REAL)-INFINITY;
-                        }
-                    }
+                    SCORES_ROW(pl, bb, hh, i, j0, bn, s, scale, pre, post, alibi, slope, diag, need_mask);
                     const REAL mt = ROWMAX(s, bn);
                     if (mt > raw[r]) raw[r] = mt;
                     const REAL mnew = mt > m[r] ? mt : m[r];
@@ -170,5 +153,8 @@ static al_status FWD_FN(const al_attn_plan *pl, const al_tensor *out, REAL *lse,
 }
 
 #undef FWD_FN
+#undef SCORES_ROW
+#undef SCORES_CAT
+#undef SCORES_CAT2
 #undef FWD_CAT
 #undef FWD_CAT2
