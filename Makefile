@@ -169,12 +169,13 @@ deps:
 	@$(call apt_install,DEB_PKGS,dependencies)
 
 # What make test cannot do without, checked by what it provides rather than by package (LuaJIT, busted, the
-# CBLAS header), so a host that brings them otherwise (the GPU host's .gpu-deps/env.sh: no apt there) is left
-# alone; if one is missing, make deps installs the Debian packages. luacheck is optional (lint_spec is
-# pending without it; make deps and CI install it).
+# CBLAS header while the core library is still to be built), so a host that brings them otherwise (the GPU
+# host: .gpu-deps/env.sh, no apt, a core library built elsewhere) is left alone; if one is missing, make deps
+# installs the Debian packages. luacheck is optional (lint_spec is pending without it; make deps and CI
+# install it).
 test-deps:
 	@if command -v $(firstword $(LUAJIT)) >/dev/null 2>&1 && $(BUSTED) --version >/dev/null 2>&1 && \
-		echo '#include <cblas.h>' | $(CC) -E -x c - >/dev/null 2>&1; then :; \
+		{ test -f $(CORE_LIB) || echo '#include <cblas.h>' | $(CC) -E -x c - >/dev/null 2>&1; }; then :; \
 	else echo "attnlab: LuaJIT, busted or the CBLAS header is missing: make deps"; $(MAKE) --no-print-directory deps || \
 		echo "attnlab: make deps failed; going on (what is still missing fails below, by name)"; fi
 
