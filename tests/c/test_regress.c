@@ -175,6 +175,23 @@ static void test_select_on_empty_huge_stride(void) {
     al_tensor_release(&base);
 }
 
+/* copy_'s overlap check took an empty destination's extent times stride before it reached the empty dim
+ * (fuzz_views, a CI run: signed overflow under UBSan); copying into an empty view does nothing */
+static void test_copy_into_empty_huge_stride(void) {
+    int64_t sz[2] = {4, 0};
+    al_tensor base = mk(2, sz, AL_DTYPE_F32), dst, src;
+    CHECK_OK(al_tensor_alias(&dst, &base));
+    dst.size[0] = (int64_t)1 << 40;
+    dst.stride[0] = INT64_MAX;
+    CHECK_OK(al_tensor_alias(&src, &base));
+    src.size[0] = 1;   /* broadcast over dst's first dim: a different view of the same storage */
+    CHECK_OK(al_tensor_copy_(&dst, &src));
+    CHECK(al_tensor_numel(&dst) == 0, "the destination stays empty");
+    al_tensor_release(&src);
+    al_tensor_release(&dst);
+    al_tensor_release(&base);
+}
+
 int main(void) {
     int64_t live0 = al_storage_live_count();
     RUN(test_as_strided_overflow);
@@ -186,6 +203,7 @@ int main(void) {
     RUN(test_alibi_empty_batch);
     RUN(test_copy_into_expanded);
     RUN(test_select_on_empty_huge_stride);
+    RUN(test_copy_into_empty_huge_stride);
     if (al_storage_live_count() != live0) {
         fprintf(stderr, "FAIL leak: %lld storages live, %lld before\n", (long long)al_storage_live_count(), (long long)live0);
         t_failed++;
