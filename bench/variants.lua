@@ -8,7 +8,7 @@
 -- 2.5x forward; TFLOP/s of the variant are counted with the same FLOPs as its reference.
 -- 4. compile cost: a fresh variant's first call (NVRTC compile, target <= 1 s) and the same variant in
 --    a fresh process (disk-cached cubin load, target <= 10 ms), as first-call minus warm-call times.
--- Without a usable GPU it says so and exits 0.
+-- Without a usable GPU it says so and exits 0 (what variants cost on the CPU: bench/variants_cpu.lua).
 -- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments]
 --   (--experiments: section 1 also times build switches under test; --child-compile is the fresh-process half of 4)
 -- Each ratio compares configurations timed in interleaved rounds (median of 3; 1 with --quick).

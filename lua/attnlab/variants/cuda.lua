@@ -4,8 +4,10 @@ attnlab.variants.cuda — CUDA C from a traced expression: the snippets the flas
 
 gen_cuda(root, caps, uses[, pre]) prints one C expression. The hooks' contract: b, h, q_idx, kv_idx are
 0-based ints (so the Lua index h is (h + 1), which folds away in offsets), score and grad floats; ints
-stay ints, / is always float division (by a constant: times its reciprocal; else __fdividef), captures
-are read as ((const float *)AL_CAP(k))[offset] (int for integer captures) with the strides as constants.
+stay ints, / is always float division (by a constant: times its reciprocal; else __fdividef, 2 ulp), math is
+expf / logf / sqrtf / fabsf / fminf / fmaxf and al_v_tanh (bf16 kernels: tanh.approx.f32, relative error 2^-11;
+f16 kernels: exp2 + reciprocal, absolute error < 1e-6), captures are read as ((const float *)AL_CAP(k))[offset]
+(int for integer captures) with the strides as constants.
 `uses` collects which helpers the prelude must define (mod, iabs, iminmax, tanh) and whether the
 expression holds a multi-function-unit op (mufu). cuda_prelude(uses) returns those helpers and the
 build switches of ATTNLAB_VARIANT_DEFINES, or nil.
