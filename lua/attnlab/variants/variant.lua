@@ -30,6 +30,7 @@ local gen_cuda, cuda_prelude, foldable = cuda.gen_cuda, cuda.cuda_prelude, cuda.
 local Variant = {}
 Variant.__index = Variant
 
+-- the symbolic arguments: the kernels' 0-based b, h, q, kv plus one (the Lua API is 1-based; offsets fold it back)
 local function sym_args()
   local one = const(1)
   return {
@@ -39,6 +40,7 @@ local function sym_args()
   }
 end
 
+-- whether the tree reads variable `name` (block masks broadcast over b / h when mask_mod does not read them)
 local function uses_var(root, name)
   local found = false
   local seen = {}
