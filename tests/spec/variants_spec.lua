@@ -198,6 +198,8 @@ describe("variants: tracer and code generation", function()
       { function(s, b, h, q, kv) return al.lt(q, kv) and s or 0 end, "al.where" },
       { function(s, b, h) return t[9] end, "outside 1..4" },
       { function(s, b, h) return s + GLOBAL_T.deep.t[h] end, "al.attention.capture" },   -- too deep to scan
+      { function(s, b, h, q, kv) return al.ge(q, kv) end, "is a mask_mod" },   -- a mask given as score_mod
+      { function() return true end, "returned a condition" },
     }
     _G.GLOBAL_T = { deep = { t = al.randn({ 4 }) } }
     for i, c in ipairs(cases) do

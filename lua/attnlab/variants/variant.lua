@@ -68,6 +68,11 @@ local function build(al, score_mod, mask_mod, fname)
   local v = setmetatable({ ctx = c, captures = c.caps }, Variant)
   if score_mod then
     local r = trace(al, score_mod, { a.score, a.b, a.h, a.q, a.kv }, "score_mod", c)
+    -- a condition as the new logit is a mask given as score_mod (it became a 0 / 1 logit, silently)
+    if r.t == "b" then
+      error(fname .. ": score_mod returned a condition (a comparison or logic value), not a score: a function that " ..
+        "says keep / drop is a mask_mod (pass it as mask_mod=), or select with al.where(cond, score, -math.huge)", 0)
+    end
     if r.t ~= "f" then r = S.add(r, const(0, "f")) end
     if r.t ~= "f" then r = node("add", "f", { r, const(0, "f") }) end
     v.score_root = r
