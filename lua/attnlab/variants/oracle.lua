@@ -238,7 +238,8 @@ function M.oracle_forward(al, v, p, inp, refs, fmt, block_mask)
   local Vd = to_dense(al, vv, fmt, B, SKV, kvstart, kvlen)  -- [B,HG,SKV,DV]
   local Qg = Qd:view(B, HG, G * SQ, D)
   local Sraw = al.matmul(Qg, Kd:transpose(3, 4)):contiguous()          -- [B,HG,G*SQ,SKV] = [B,H,SQ,SKV]
-  local Sn = Sraw:clone()
+  -- the backward reads the raw scores only through score_mod's gradient: a mask-only variant overwrites them
+  local Sn = v.score_root and Sraw:clone() or Sraw
   local Keep = al.zeros({ B, H, SQ, SKV }, { dtype = "u8" })
   v:_bind_cpu(al)
   local bmp, bsb, bsh, bsi, bsj, bmm, bmn = nil, 0, 0, 0, 0, 1, 1
@@ -269,11 +270,11 @@ function M.oracle_forward(al, v, p, inp, refs, fmt, block_mask)
       for j = 0, SKV - 1 do sp[base + j] = 0 end
       lp[r] = NINF
     else
-      local s = 0
-      for j = 0, SKV - 1 do s = s + exp(sp[base + j] - m) end
-      local l = m + log(s)
-      lp[r] = l
-      for j = 0, SKV - 1 do sp[base + j] = exp(sp[base + j] - l) end
+      local s = 0   -- one exponential per element: P = exp(x - m) / s (= exp(x - lse))
+      for j = 0, SKV - 1 do local e = exp(sp[base + j] - m) sp[base + j] = e s = s + e end
+      lp[r] = m + log(s)
+      local inv = 1 / s
+      for j = 0, SKV - 1 do sp[base + j] = sp[base + j] * inv end
     end
   end
   local Od = al.matmul(Sn:view(B, HG, G * SQ, SKV), Vd):contiguous():view(B, H, SQ, DV)
@@ -284,7 +285,8 @@ function M.oracle_forward(al, v, p, inp, refs, fmt, block_mask)
   from_dense(out, Od, fmt, B, qstart, qlen)
   local lse_out = tonumber(p.compute_dtype) == 1 and lse or lse:to("f32")
   local st = { B = B, H = H, HG = HG, G = G, SQ = SQ, SKV = SKV, D = D, DV = DV, scale = scale, fmt = fmt,
-    qstart = qstart, kvstart = kvstart, qlen = qlen, kvlen = kvlen, Qd = Qd, Kd = Kd, Vd = Vd, Sraw = Sraw, P = Sn,
+    qstart = qstart, kvstart = kvstart, qlen = qlen, kvlen = kvlen, Qd = Qd, Kd = Kd, Vd = Vd,
+    Sraw = v.score_root and Sraw or nil, P = Sn,
     Keep = Keep, Od = Od, bmt = bmt, f64 = tonumber(p.compute_dtype) == 1 }
   return out, lse_out, st
 end
@@ -316,8 +318,12 @@ function M.oracle_backward(al, v, st, dout, dq, dk, dv)
       GR[i] = dptr(g)
     end
   end
-  local bwd = backward_kernel(v)
-  bwd(dptr(st.Sraw), dpp, ffi.cast("uint8_t *", st.Keep:data_ptr()), B, H, SQ, SKV, st.scale, GR)
+  -- score_grad and the capture gradients; a mask-only variant has neither (its loop would copy dS where kept and
+  -- write 0 where masked, where P, and so dS, is 0 already)
+  if v.score_root then
+    local bwd = backward_kernel(v)
+    bwd(dptr(st.Sraw), dpp, ffi.cast("uint8_t *", st.Keep:data_ptr()), B, H, SQ, SKV, st.scale, GR)
+  end
   local dSg = dP
   local dQd = al.matmul(dSg, st.Kd):view(B, H, SQ, D) * st.scale
   local dKd = al.matmul(dSg:transpose(3, 4), st.Qd:view(B, HG, G * SQ, D)) * st.scale
