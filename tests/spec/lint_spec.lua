@@ -15,8 +15,7 @@ local missing = have_rc ~= 0 and "luacheck is not installed (make deps installs 
 local function lint(paths)
   local args = {}
   for i, p in ipairs(paths) do args[i] = q(p) end
-  local out, rc = sh("cd " .. q(root) .. " && luacheck --no-color --codes --formatter plain " .. table.concat(args, " "))
-  return out, rc
+  return sh("cd " .. q(root) .. " && luacheck --no-color --codes --formatter plain " .. table.concat(args, " "))
 end
 
 -- the folders, and the Lua files at the top level (launcher helpers)

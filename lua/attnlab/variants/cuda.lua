@@ -182,5 +182,5 @@ local function cuda_prelude(uses)
   return table.concat(p, "\n") .. "\n"
 end
 
-M.gen_cuda, M.cuda_prelude, M.foldable, M.VARIANT_DEFINES = gen_cuda, cuda_prelude, foldable, VARIANT_DEFINES
+M.gen_cuda, M.cuda_prelude, M.foldable = gen_cuda, cuda_prelude, foldable
 return M

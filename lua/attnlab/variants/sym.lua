@@ -318,7 +318,6 @@ local function load_offset(idx, strides)
   return off
 end
 
-M.Sym, M.is_sym, M.node, M.const, M.cval, M.var, M.lift, M.numkey, M.truth = Sym, is_sym, node, const, cval, var, lift,
-  numkey, truth
+M.is_sym, M.node, M.const, M.cval, M.var, M.lift, M.truth = is_sym, node, const, cval, var, lift, truth
 M.S, M.CMP, M.CMP_MSG, M.HINT, M.load_offset = S, CMP, CMP_MSG, HINT, load_offset
 return M

@@ -299,5 +299,5 @@ local function trace(al, fn, args, what, c)
 end
 
 
-M.Cap, M.trace, M.new_context, M.note_bool, M.scan_upvalues_of = Cap, trace, new_context, note_bool, scan_upvalues_of
+M.trace, M.new_context, M.note_bool, M.scan_upvalues_of = trace, new_context, note_bool, scan_upvalues_of
 return M

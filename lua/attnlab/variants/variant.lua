@@ -200,5 +200,5 @@ function Variant:_bind_cpu(al)
   self.pos = ffi.new("int64_t[4]")
 end
 
-M.Variant, M.build, M.uses_var = Variant, build, uses_var
+M.build, M.uses_var = build, uses_var
 return M
