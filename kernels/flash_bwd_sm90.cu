@@ -130,15 +130,17 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
  * score: score_mod (and its gradient) or a capture gradient. A variant with mask_mod only (and/or a block
  * mask) takes the plain path, which applies mask_mod through al_fl_valid where the block is partial: the
  * sliced path's m64n16/n32 products made causal-through-mask_mod's backward 1.21-1.26x built-in causal. */
-/* AL_SM90_LEAN_MOD 1 (an experiment, bf16 only; the prelude gets it from ATTNLAB_VARIANT_DEFINES): a score_mod
- * without a capture gradient takes the plain path too (B90_LEAN_MOD). Step 2 computes P from the logit through
+/* AL_SM90_LEAN_MOD 1 (the default since session 21, bf16 only; ATTNLAB_VARIANT_DEFINES=AL_SM90_LEAN_MOD=0 gives the
+ * sliced path back for measurements): a score_mod without a capture gradient takes the plain path too
+ * (B90_LEAN_MOD). On the H200 soft-capping's backward went from 1.27-1.32x the plain kernel (sliced) to
+ * 1.08-1.20x (docs/PERFORMANCE.md, session 21). Step 2 computes P from the logit through
  * score_mod and, sharing its tanh / exp, score_grad's factor f = d(logit)/d(score) (score_grad is linear in its
  * grad argument: the chain rule), and packs P (dV's operand, dK/dV kernel only) and P f (zero where masked) in
  * bf16; step 4 is dS = (P f)(dP - D), as the plain path's P (dP - D). Session 14's first version kept f apart from
  * P (16 more registers: 24 bytes spilled at d = 128), evaluated tanh 1.5 times per element (the folded logit) and
  * loaded D from global memory; it was slower than the sliced path (docs/FLASH.md). */
 #ifndef AL_SM90_LEAN_MOD
-#define AL_SM90_LEAN_MOD 0
+#define AL_SM90_LEAN_MOD 1
 #endif
 #if AL_VARIANT && (AL_HAS_CAPTURE_GRAD || (AL_HAS_SCORE_MOD && !(AL_SM90_LEAN_MOD && AL_BF16)))
 #define B90_SLICED 1

@@ -39,15 +39,15 @@ end
 local soft, rel, doc = EX.softcap.score_mod, EX.relative_bias.score_mod, EX.document.mask_mod
 emit("softcap+relative_bias+document", function(score, b, h, q, kv) return soft(rel(score, b, h, q, kv)) end,
   doc, true)
--- the kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua): the lean
--- score_mod backward, the forward without ping-pong, the FMA-pipe tanh, so that CI compiles them (no spills, no
--- serialised wgmma)
+-- the kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua): the sliced
+-- score_mod backward (the lean one is the default, compiled by the rows above), the forward without ping-pong, the
+-- FMA-pipe tanh, so that CI compiles them (no spills, no serialised wgmma)
 local ffi = require "ffi"
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
-ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=1 AL_SM90_PINGPONG=0", 1)
-emit("softcap[lean,pp0]", soft, nil, false)
-emit("alibi[lean,pp0]", EX.alibi.score_mod, nil, false)
-emit("softcap+document[lean,pp0]", soft, doc, true)
+ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=0 AL_SM90_PINGPONG=0", 1)
+emit("softcap[sliced,pp0]", soft, nil, false)
+emit("alibi[sliced,pp0]", EX.alibi.score_mod, nil, false)
+emit("softcap+document[sliced,pp0]", soft, doc, true)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4", 1)
 emit("softcap[tanhfma4]", soft, nil, false)
 ffi.C.unsetenv("ATTNLAB_VARIANT_DEFINES")

@@ -146,9 +146,9 @@ describe("variants: tracer and code generation", function()
   it("ATTNLAB_VARIANT_DEFINES puts the allowed build switches in the prelude and names what it rejects", function()
     local sc = { score_mod = function(score) return 30 * al.tanh(score / 30) end }
     local plain = src(sc).prelude
-    with_env("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=1, AL_SM90_PINGPONG=0", function()
+    with_env("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=0, AL_SM90_PINGPONG=0", function()
       local p = src(sc).prelude
-      assert.truthy(p:find("#define AL_SM90_LEAN_MOD 1\n", 1, true), p)
+      assert.truthy(p:find("#define AL_SM90_LEAN_MOD 0\n", 1, true), p)
       assert.truthy(p:find("#define AL_SM90_PINGPONG 0\n", 1, true), p)
       assert.truthy(p:find(plain, 1, true))     -- the rest unchanged
       -- a mask_mod-only variant (no prelude of its own) gets one
@@ -866,11 +866,12 @@ describe("variants on the GPU #gpu", function()
     return ctx
   end
 
-  -- The kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES): the lean score_mod backward
-  -- (AL_SM90_LEAN_MOD=1: soft-capping, ALiBi through a capture read, soft-capping beside a block-masked document
-  -- mask_mod, GQA, d = 64 and 128; a capture gradient keeps the sliced path), the forward without ping-pong or
-  -- without the S / O overlap, and its FMA-pipe tanh in every other column group, each against the CPU oracle
-  for _, defs in ipairs({ "AL_SM90_LEAN_MOD=1", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0", "AL_TANH_FMA_EVERY=2" }) do
+  -- The kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES): the sliced score_mod backward
+  -- (AL_SM90_LEAN_MOD=0; the lean one is the default, checked by the default rows above: soft-capping, ALiBi through
+  -- a capture read, soft-capping beside a block-masked document mask_mod, GQA, d = 64 and 128; a capture gradient
+  -- keeps the sliced path), the forward without ping-pong or without the S / O overlap, and its FMA-pipe tanh in
+  -- every other column group, each against the CPU oracle
+  for _, defs in ipairs({ "AL_SM90_LEAN_MOD=0", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0", "AL_TANH_FMA_EVERY=2" }) do
     it("[ATTNLAB_VARIANT_DEFINES=" .. defs .. "] score_mod variants: flash (bf16) == CPU oracle, forward and backward",
        function()
       if not HAS_GPU then pending("no GPU") return end
