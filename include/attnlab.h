@@ -524,6 +524,11 @@ typedef struct al_attn_variant {
      * logit above score_hi would overflow the exponentials. */
     int32_t score_bounded;
     double score_lo, score_hi;
+    /* 1 = score_mod evaluates a multi-function-unit op per element (tanh, exp, log, sqrt: the Lua front end says
+     * so), 0 = not, or not known. A hint for speed only, results do not depend on it: on sm_90 the flash backend's
+     * forward then runs three consumer warpgroups (192-row tiles, each softmax under two others' products) where
+     * the grid's waves favour them (docs/FLASH.md; ATTNLAB_FLASH_SM90_CONSUMERS=2 / 3 overrides). */
+    int32_t score_mufu;
 } al_attn_variant;
 
 /* Tensor arguments (NULL = absent). */

@@ -330,6 +330,11 @@ static al_status check_variant(al_attn_plan *pl) {
     if (v->score_bounded && !(isfinite(v->score_lo) && isfinite(v->score_hi) && v->score_lo <= v->score_hi))
         return al_error(AL_ERR_ARG, "attention: variant.score_lo / score_hi: expected finite bounds with score_lo <= "
                         "score_hi, given [%g, %g]", v->score_lo, v->score_hi);
+    if (v->score_mufu != 0 && v->score_mufu != 1)
+        return al_error(AL_ERR_ARG, "attention: variant.score_mufu: expected 0 or 1, given %d", (int)v->score_mufu);
+    if (v->score_mufu && !v->score_mod)
+        return al_error(AL_ERR_ARG, "attention: variant.score_mufu: expected score_mod beside it (the hint is about "
+                        "score_mod's math), given score_mufu = 1 alone");
     if (v->ncaptures < 0 || v->ncaptures > AL_ATTN_VARIANT_MAX_CAPTURES)
         return al_error(AL_ERR_ARG, "attention: variant.ncaptures: expected 0..%d, given %d", AL_ATTN_VARIANT_MAX_CAPTURES,
                         v->ncaptures);

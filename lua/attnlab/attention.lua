@@ -457,6 +457,7 @@ local function cuda_variant(al, fname, v, q, bm, keep)
   if v.cuda_score_mod and v.score_lo then   -- the new logit's proven bounds (variants/interval.lua, score_bounds)
     vs.score_bounded, vs.score_lo, vs.score_hi = 1, v.score_lo, v.score_hi
   end
+  vs.score_mufu = (v.cuda_score_mod and v.score_mufu) and 1 or 0   -- the forward's consumers (docs/FLASH.md)
   local ncap = #v.captures
   if ncap > C.AL_ATTN_VARIANT_MAX_CAPTURES then
     error(string.format("%s: score_mod / mask_mod capture %d tensors, at most %d are supported", fname, ncap,

@@ -28,18 +28,37 @@ typedef struct al_flash_sm90_tiles {
     int smem;            /* dynamic shared memory, bytes (tiles + barriers + 1024 alignment slack) */
 } al_flash_sm90_tiles;
 
-/* The three-consumer experiment (session 19, not yet measured): ATTNLAB_FLASH_SM90_CONSUMERS=3 gives the forward
- * three consumer warpgroups (BM = 192) taking turns on the tensor cores, so that each warpgroup's softmax runs
- * under two other warpgroups' products instead of one: meant for score_mods whose softmax phase is as long as
- * the products (soft-capping: a tanh and an exponential per score on the MUFU, docs/FLASH.md). d = 64 and 128: the
- * consumers get 152 registers (setmaxnreg), O takes 64 of them at d = 128, so the key tiles are 64 wide (no
- * spills; d = 64 with 128-key tiles spilled 48 bytes, d = 256's O alone is 128). Block masks: block_n a multiple
- * of 64; block_m anything (the usual 128 x 128 too: -DAL_SM90_BM_SPAN=1, a 192-row tile's kind combines the block
- * rows it spans); at most AL_FLASH_SM90_BM_LIST key tiles of 64 (s_kv <= 65536). The host's forward spec
- * (attn_flash_sm90.cu, sm90_fwd_spec) decides, into al_flash_spec.fwd_consumers; this reads the environment only. */
+/* Three consumers (session 19; measured and chosen per call since session 21): the forward with three consumer
+ * warpgroups (BM = 192) taking turns on the tensor cores, so that each warpgroup's softmax runs under two other
+ * warpgroups' products instead of one. For score_mods whose softmax phase is as long as the products (soft-capping:
+ * a tanh and an exponential per score on the MUFU, docs/FLASH.md). d = 64 and 128: the consumers get 152 registers
+ * (setmaxnreg), O takes 64 of them at d = 128, so the key tiles are 64 wide (no spills; d = 64 with 128-key tiles
+ * spilled 48 bytes, d = 256's O alone is 128). Block masks: block_n a multiple of 64; block_m anything (the usual
+ * 128 x 128 too: -DAL_SM90_BM_SPAN=1, a 192-row tile's kind combines the block rows it spans); at most
+ * AL_FLASH_SM90_BM_LIST key tiles of 64 (s_kv <= 65536). The host's forward spec (attn_flash_sm90.cu,
+ * sm90_fwd_spec) decides, into al_flash_spec.fwd_consumers: ATTNLAB_FLASH_SM90_CONSUMERS=2 or 3 when set (this reads
+ * it: 0 when unset or anything else), else three for a score_mod that uses the MUFU (al_attn_variant.score_mufu)
+ * where al_flash_sm90_c3_pays. */
 static inline int al_flash_sm90_consumers_env(void) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");
-    return e && strcmp(e, "3") == 0 ? 3 : 0;
+    if (!e) return 0;
+    return strcmp(e, "3") == 0 ? 3 : strcmp(e, "2") == 0 ? 2 : 0;
+}
+/* What a 192-row tile costs against a 128-row one of the two-consumer kernel, per row, for a MUFU-bound score_mod:
+ * soft-capping on the H200 (16 heads x 4096, bf16, d = 128) ran 1.09-1.10x the plain kernel at b = 4 with three
+ * consumers against 1.18-1.19x with two, where both grids fill their waves about as well: 0.94 with margin. */
+#define AL_FLASH_SM90_C3_ROW_COST 0.94
+/* 1 when three consumers should finish a forward of sq query rows per (batch, head) pair, over hb pairs on sms
+ * SMs, sooner than two: a grid runs in waves of one CTA per SM (neither kernel fits two), a wave costs its tile's
+ * rows (x AL_FLASH_SM90_C3_ROW_COST for 192), and a partly filled last wave costs a whole one. At 16 heads x 4096
+ * on 132 SMs two consumers fill 4 / 8 / 16 waves at b = 1 / 2 / 4 and three 3 / 6 / 11, so three pay from b = 4
+ * (at 8192 from b = 2, at 16384 from b = 1); at b = 1 and 2 (2.7 and 5.3 waves of 192) the last wave is mostly
+ * idle, and there two consumers measured faster. */
+static inline int al_flash_sm90_c3_pays(int64_t sq, int64_t hb, int sms) {
+    if (sq <= 0 || hb <= 0 || sms <= 0) return 0;
+    const int64_t w2 = ((sq + 127) / 128 * hb + sms - 1) / sms;
+    const int64_t w3 = ((sq + 191) / 192 * hb + sms - 1) / sms;
+    return (double)w3 * 192.0 * AL_FLASH_SM90_C3_ROW_COST < (double)w2 * 128.0;
 }
 /* key rows per tile of the three-consumer forward at head dim d (0: not served) */
 static inline int al_flash_sm90_c3_bn(int d) { return d <= 128 ? 64 : 0; }

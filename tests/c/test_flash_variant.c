@@ -200,6 +200,18 @@ static void test_validation(void) {
     CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_bounded: expected score_mod beside it");
     f.var.score_mod = "score * 0.5f";
     f.var.score_bounded = 0;
+    /* the MUFU hint: 0 or 1, beside score_mod */
+    f.var.score_mufu = 1;
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.score_mufu = 2;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_mufu: expected 0 or 1, given 2");
+    f.var.score_mufu = -1;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_mufu: expected 0 or 1, given -1");
+    f.var.score_mufu = 1;
+    f.var.score_mod = NULL;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_mufu: expected score_mod beside it");
+    f.var.score_mod = "score * 0.5f";
+    f.var.score_mufu = 0;
     char *big = malloc(70000);
     memset(big, '1', 69999);
     big[69999] = 0;

@@ -263,8 +263,9 @@ static void test_bwd_launch_shapes(void) {
 
 /* The three-consumer forward's launch shape (ATTNLAB_FLASH_SM90_CONSUMERS=3, flash_sm90_specs.h; host arithmetic): at
  * d = 64 / 128 three consumers (512 threads), 192 x 64 tiles, four stages within sm_90's shared memory (with a block
- * mask's list too), its options (a block mask's block-row span with three consumers only) and name; at d = 256 the default tiles whatever the field says; the switch reads
- * "3" only. */
+ * mask's list too), its options (a block mask's block-row span with three consumers only) and name; at d = 256 the
+ * default tiles whatever the field says; the switch reads "2" and "3" only; and when three consumers pay
+ * (al_flash_sm90_c3_pays, the waves of the two grids worked out here by hand). */
 static void test_fwd_c3_shapes(void) {
     char opts[AL_FLASH_MAX_OPTS][AL_FLASH_OPT_LEN], nm[128];
     for (int i = 0; i < al_flash_sm90_spec_count(); i++) {
@@ -305,14 +306,29 @@ static void test_fwd_c3_shapes(void) {
     }
     CHECK(al_flash_sm90_c3_bn(128) == 64 && al_flash_sm90_c3_bn(64) == 64 && al_flash_sm90_c3_bn(256) == 0,
           "al_flash_sm90_c3_bn");
-    const char *vals[] = {NULL, "", "2", "03", "x", "3"};
-    for (int k = 0; k < 6; k++) {
+    const char *vals[] = {NULL, "", "2", "03", "x", "3", "4", "22"};
+    const int want[] = {0, 0, 2, 0, 0, 3, 0, 0};
+    for (int k = 0; k < 8; k++) {
         if (vals[k]) setenv("ATTNLAB_FLASH_SM90_CONSUMERS", vals[k], 1);
         else unsetenv("ATTNLAB_FLASH_SM90_CONSUMERS");
-        CHECK(al_flash_sm90_consumers_env() == (k == 5 ? 3 : 0), "ATTNLAB_FLASH_SM90_CONSUMERS=%s read as %d",
-              vals[k] ? vals[k] : "(unset)", al_flash_sm90_consumers_env());
+        CHECK(al_flash_sm90_consumers_env() == want[k], "ATTNLAB_FLASH_SM90_CONSUMERS=%s read as %d, expected %d",
+              vals[k] ? vals[k] : "(unset)", al_flash_sm90_consumers_env(), want[k]);
     }
     unsetenv("ATTNLAB_FLASH_SM90_CONSUMERS");
+    /* {sq, b x h, SMs, pays}: 16 heads x 4096 on 132 SMs: two consumers' 32 row blocks per pair fill 4 / 8 / 16 waves
+     * at b = 1 / 2 / 4, three's 22 fill 2.7 / 5.3 / 10.7, so 3 / 6 / 11 waves: 3 x 192 x 0.94 = 541 > 512, 6 x 180.5 =
+     * 1083 > 1024, 11 x 180.5 = 1985 < 2048; at 8192 b = 2 (16 / 11 waves) and at 16384 b = 1 (16 / 11) they pay; a
+     * grid inside one wave never does (192 x 0.94 > 128); on 114 SMs (an H100 PCIe) 4 x 16 x 4096 takes 18 / 13
+     * waves: 2346 > 2304; 10 x 16 x 3072 (the GPU spec's shape) pays on 132 and 114; nothing to run pays nothing */
+    const struct { int64_t sq, hb; int sms, pays; } C3[] = {
+        {4096, 16, 132, 0}, {4096, 32, 132, 0}, {4096, 64, 132, 1}, {8192, 32, 132, 1}, {8192, 16, 132, 0},
+        {16384, 16, 132, 1}, {384, 2, 132, 0}, {4096, 64, 114, 0}, {3072, 160, 132, 1}, {3072, 160, 114, 1},
+        {0, 16, 132, 0}, {4096, 0, 132, 0}, {4096, 64, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof C3 / sizeof C3[0]; k++)
+        CHECK(al_flash_sm90_c3_pays(C3[k].sq, C3[k].hb, C3[k].sms) == C3[k].pays,
+              "al_flash_sm90_c3_pays(sq %lld, b x h %lld, %d SMs) = %d, expected %d", (long long)C3[k].sq,
+              (long long)C3[k].hb, C3[k].sms, al_flash_sm90_c3_pays(C3[k].sq, C3[k].hb, C3[k].sms), C3[k].pays);
 }
 
 int main(void) {

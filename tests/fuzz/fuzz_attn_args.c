@@ -174,6 +174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             var.score_lo = fz_u8(&in) > 240 ? NAN : BOUND[fz_int(&in, 0, 4)];
             var.score_hi = fz_u8(&in) > 240 ? INFINITY : BOUND[fz_int(&in, 0, 4)];
         }
+        if (fz_u8(&in) > 220) var.score_mufu = fz_u8(&in) & 1 ? 1 : fz_i32(&in);   /* the hint: 0 / 1, beside score_mod */
         var.ncaptures = fz_u8(&in) < 230 ? (int32_t)fz_int(&in, 0, 3) : fz_i32(&in);
         for (int i = 0; i < 3; i++) {
             int64_t cs = fz_int(&in, 0, 6);

@@ -143,6 +143,28 @@ describe("variants: tracer and code generation", function()
     assert.is_nil(src({ mask_mod = function(b, h, q, kv) return al.ge(q, kv) end }).score_hi)
   end)
 
+  it("says whether score_mod itself uses the MUFU (al_attn_variant.score_mufu: the Hopper forward's consumers)", function()
+    local slopes = al.tensor({ 0.5, 0.25, 0.125, 0.0625 })
+    -- tanh / exp / log / sqrt in score_mod count, wherever they sit in the expression
+    for _, f in ipairs({ function(score) return 30 * al.tanh(score / 30) end, function(score) return score + al.exp(-score) end,
+      function(score, b, h, q, kv) return score - al.log(1 + al.abs(q - kv)) end,
+      function(score, b, h, q, kv) return al.where(al.ge(q, kv), score, al.sqrt(al.abs(score))) end }) do
+      local v = al.attention.variant({ score_mod = f })
+      assert.is_true(v:source().score_mufu)
+      assert.truthy(tostring(v):find("mufu         score_mod uses the MUFU", 1, true), tostring(v))
+    end
+    -- arithmetic, min / max / abs, capture reads do not; nor a mask_mod's math beside them
+    for _, a in ipairs({ { score_mod = function(score, b, h, q, kv) return score - slopes[h] * al.abs(kv - q) end },
+      { score_mod = function(score) return al.min(al.max(score, -5), 5) * 2 end },
+      { score_mod = function(score) return score * 2 end,
+        mask_mod = function(b, h, q, kv) return al.ge(al.sqrt(q), al.sqrt(kv)) end },
+      { mask_mod = function(b, h, q, kv) return al.ge(q, kv) end } }) do
+      local v = al.attention.variant(a)
+      assert.is_false(v:source().score_mufu)
+      assert.falsy(tostring(v):find("mufu", 1, true), tostring(v))
+    end
+  end)
+
   it("ATTNLAB_VARIANT_DEFINES puts the allowed build switches in the prelude and names what it rejects", function()
     local sc = { score_mod = function(score) return 30 * al.tanh(score / 30) end }
     local plain = src(sc).prelude
@@ -932,6 +954,63 @@ describe("variants on the GPU #gpu", function()
     local n = 0
     for _ in text:gmatch("fwd%-sm90 d%d+ bf16 %S+ c3 variant %x+") do n = n + 1 end
     assert(n >= 12, "expected twelve three-consumer variant forwards in the NVRTC log, found " .. n .. ":\n" .. text)
+  end)
+
+  -- Without ATTNLAB_FLASH_SM90_CONSUMERS the host picks the forward's consumers (attn_flash_sm90.cu, sm90_fwd_spec):
+  -- three for a score_mod that uses the MUFU where the grid fills many waves (10 x 16 heads x 3072: 3840 tiles of
+  -- 128 rows, over 24 waves on any H100 or H200, where al_flash_sm90_c3_pays holds whatever the SM count), two where
+  -- one wave holds the grid (1 x 2 heads x 384), and two for a score_mod without MUFU math at the large shape. Read
+  -- off the flash log's new lines (a constant no earlier process used makes every kernel new to it); the small call
+  -- against the CPU oracle, the large ones against the same call with two consumers forced.
+  it("the forward's consumers follow score_mufu and the grid (no ATTNLAB_FLASH_SM90_CONSUMERS)", function()
+    if not HAS_GPU then pending("no GPU") return end
+    local dev = al.cuda.device_info(0)
+    if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
+    local c = 20 + (os.time() % 100000) / 7919 + math.random()
+    local softcap = function(score) return c * al.tanh(score / c) end
+    local slope = function(score, b, h, q, kv) return score - (c / 1000) * al.abs(kv - q) end
+    -- the forward's output and the Hopper forward lines it added to the flash log
+    local function fwd_lines(a)
+      local before = {}
+      for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do before[line] = true end
+      local out = al.attention.forward(a)
+      local new = {}
+      for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do
+        if not before[line] and line:find("^fwd%-sm90 ") then new[#new + 1] = line end
+      end
+      return out, table.concat(new, "\n")
+    end
+    local function args(b, s, h, f)
+      return { query_layer = rnd({ b, s, h, 128 }, "bf16"), key_layer = rnd({ b, s, h, 128 }, "bf16"),
+        value_layer = rnd({ b, s, h, 128 }, "bf16"), qkv_format = "bshd", attn_mask_type = "no_mask", score_mod = f }
+    end
+    local function on_gpu(a, extra)
+      local g = copy(a, extra)
+      for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do g[k] = a[k]:cuda() end
+      g.backend = "flash"
+      return g
+    end
+    with_env("ATTNLAB_FLASH_SM90_CONSUMERS", nil, function()
+      al.manual_seed(43)
+      local small = args(1, 384, 2, softcap)
+      local o, text = fwd_lines(on_gpu(small))
+      assert(text:find("fwd%-sm90 d128 bf16 nomask variant %x+"), text)
+      assert.falsy(text:find(" c3 ", 1, true), text)
+      local want = al.attention.forward(small)
+      assert(al.max_abs_diff(o:cpu():to("f64"), want:to("f64")) < 2e-2)
+      for _, f in ipairs({ softcap, slope }) do
+        local big = on_gpu(args(10, 3072, 16, f))
+        local o3, t3 = fwd_lines(big)
+        if f == softcap then assert(t3:find("fwd%-sm90 d128 bf16 nomask c3 variant %x+"), t3)
+        else
+          assert(t3:find("fwd%-sm90 d128 bf16 nomask variant %x+"), t3)
+          assert.falsy(t3:find(" c3 ", 1, true), t3)
+        end
+        local o2
+        with_env("ATTNLAB_FLASH_SM90_CONSUMERS", "2", function() o2 = al.attention.forward(big) end)
+        assert(al.max_abs_diff(o3, o2) < 2e-2, "three consumers against two: " .. al.max_abs_diff(o3, o2))
+      end
+    end)
   end)
 
   it("causal via mask_mod + block mask == built-in causal on flash", function()

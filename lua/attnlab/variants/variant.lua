@@ -132,6 +132,9 @@ function Variant:_generate()
     if os.getenv("ATTNLAB_VARIANT_FOLD") ~= "0" then
       self.cuda_score_pre, self.score_post = gen_cuda(r, caps, uses, true), post
     end
+    -- a multi-function-unit op (tanh, exp, log, sqrt) in score_mod itself: the Hopper forward may then give the
+    -- softmax a third consumer warpgroup (al_attn_variant.score_mufu; score_grad's and mask_mod's math do not count)
+    self.score_mufu = uses.mufu == true
     if cval(self.dscore) ~= 1 then self.cuda_score_grad = gen_cuda(self.score_grad_root, caps, uses) end
     self.score_lo, self.score_hi = score_bounds(self.score_root)
   end
@@ -160,7 +163,8 @@ function Variant:mask_uses(name) return self.mask_root ~= nil and uses_var(self.
 function Variant:source()
   return { score_mod = self.cuda_score_mod, score_grad = self.cuda_score_grad, mask_mod = self.cuda_mask_mod,
     capture_grad = self.cuda_capture_grad, prelude = self.cuda_prelude, score_pre = self.cuda_score_pre,
-    score_post = self.cuda_score_pre and self.score_post or nil, score_lo = self.score_lo, score_hi = self.score_hi }
+    score_post = self.cuda_score_pre and self.score_post or nil, score_lo = self.score_lo, score_hi = self.score_hi,
+    score_mufu = self.score_mufu or false }
 end
 
 function Variant:__tostring()
@@ -175,6 +179,7 @@ function Variant:__tostring()
     parts[#parts + 1] = string.format("  bounds       %.9g <= logit <= %.9g%s", s.score_lo, s.score_hi,
       s.score_hi - s.score_lo <= 64 and " (the Hopper forward's fixed max)" or "")
   end
+  if s.score_mufu then parts[#parts + 1] = "  mufu         score_mod uses the MUFU (the Hopper forward may run three consumers)" end
   for _, rec in ipairs(self.captures) do
     parts[#parts + 1] = string.format("  capture %d    %s %s%s", rec.k + 1, rec.tensor:dtype(), rec.shape_str,
       rec.requires_grad and " (param: gradient returned)" or "")
