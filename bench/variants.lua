@@ -10,7 +10,8 @@
 --    a fresh process (disk-cached cubin load, target <= 10 ms), as first-call minus warm-call times.
 -- Without a usable GPU it says so and exits 0 (what variants cost on the CPU: bench/variants_cpu.lua).
 -- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments]
---   (--experiments: section 1 also times build switches under test; --child-compile is the fresh-process half of 4)
+--   (--experiments: section 1 also times the defaults' alternatives, two or three consumers forced, the sliced backward
+--   and build switches under test; --child-compile is the fresh-process half of 4)
 -- Each ratio compares configurations timed in interleaved rounds (median of 3; 1 with --quick).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
@@ -161,22 +162,26 @@ if section(1) then
     local configs, names = { a, with(a, { score_mod = sc }), running },
       { "plain (reference)", "softcap 30 (score_mod)", "softcap 30, running max" }
     if flags["--experiments"] then
-      -- the kernels' build switches under test (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua)
-      for _, x in ipairs({ { "AL_SM90_LEAN_MOD=1", "softcap 30, lean backward" },
-        { "AL_SM90_PINGPONG=0", "softcap 30, fwd without ping-pong" },
-        { "AL_SM90_PIPE=0", "softcap 30, fwd without S/O overlap" },
-        { "AL_TANH_FMA_EVERY=4", "softcap 30, fwd tanh FMA-pipe k=4" } }) do
-        local c = with(a, { score_mod = sc })
-        ENV[c] = { "ATTNLAB_VARIANT_DEFINES", x[1] }
-        configs[#configs + 1], names[#names + 1] = c, x[2]
+      -- the defaults' alternatives: two consumers forced (the host picks three for soft-capping where the grid's waves
+      -- favour them: b = 4 here on 132 SMs), the sliced backward (the lean one is the default), and the kernels'
+      -- build switches under test (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua) with two consumers
+      local C2, C3, VD = { "ATTNLAB_FLASH_SM90_CONSUMERS", "2" }, { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }, "ATTNLAB_VARIANT_DEFINES"
+      local function plus(e, ...)
+        local t = { unpack(e) }
+        for _, x in ipairs({ ... }) do t[#t + 1] = x end
+        return t
       end
-      -- the three-consumer forward (ATTNLAB_FLASH_SM90_CONSUMERS=3: BM = 192, 64-key tiles), plain and soft-capped,
-      -- and soft-capped with the tanh FMA-pipe switch or without the S/O overlap beside it
-      local C3 = "ATTNLAB_FLASH_SM90_CONSUMERS"
-      for _, x in ipairs({ { nil, { C3, "3" }, "plain, fwd three consumers" },
-        { sc, { C3, "3" }, "softcap 30, fwd three consumers" },
-        { sc, { C3, "3", "ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4" }, "softcap 30, fwd c3 + tanh FMA k=4" },
-        { sc, { C3, "3", "ATTNLAB_VARIANT_DEFINES", "AL_SM90_PIPE=0" }, "softcap 30, fwd c3 without S/O overlap" } }) do
+      for _, x in ipairs({ { sc, C2, "softcap 30, fwd two consumers" },
+        { sc, plus(C2, VD, "AL_SM90_LEAN_MOD=0"), "softcap 30, sliced backward" },
+        { sc, plus(C2, VD, "AL_SM90_PINGPONG=0"), "softcap 30, c2 without ping-pong" },
+        { sc, plus(C2, VD, "AL_SM90_PIPE=0"), "softcap 30, c2 without S/O overlap" },
+        { sc, plus(C2, VD, "AL_TANH_FMA_EVERY=4"), "softcap 30, c2 tanh FMA-pipe k=4" },
+        -- the three-consumer forward forced (BM = 192, 64-key tiles), plain and soft-capped, and soft-capped with the
+        -- tanh FMA-pipe switch or without the S/O overlap beside it
+        { nil, C3, "plain, fwd three consumers" },
+        { sc, C3, "softcap 30, fwd three consumers" },
+        { sc, plus(C3, VD, "AL_TANH_FMA_EVERY=4"), "softcap 30, fwd c3 + tanh FMA k=4" },
+        { sc, plus(C3, VD, "AL_SM90_PIPE=0"), "softcap 30, fwd c3 without S/O overlap" } }) do
         local c = with(a, { score_mod = x[1] })
         ENV[c] = x[2]
         configs[#configs + 1], names[#names + 1] = c, x[3]
