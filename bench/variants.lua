@@ -172,6 +172,7 @@ if section(1) then
         return t
       end
       for _, x in ipairs({ { sc, C2, "softcap 30, fwd two consumers" },
+        { sc, { "ATTNLAB_FLASH_SM90_CONSUMERS", "split" }, "softcap 30, fwd split grid c3+c2" },
         { sc, plus(C2, VD, "AL_SM90_LEAN_MOD=0"), "softcap 30, sliced backward" },
         { sc, plus(C2, VD, "AL_SM90_PINGPONG=0"), "softcap 30, c2 without ping-pong" },
         { sc, plus(C2, VD, "AL_SM90_PIPE=0"), "softcap 30, c2 without S/O overlap" },

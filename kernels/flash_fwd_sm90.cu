@@ -9,6 +9,8 @@
  *   AL_MASK_KIND 0 none | 1 causal | 2 window (runtime wl, wr); AL_BOTTOM_RIGHT 0 | 1
  *   AL_SM90_BN (key rows per tile: 64 or 128), AL_SM90_STAGES (K/V smem stages),
  *   AL_SM90_CONSUMERS (consumer warpgroups, 64 query rows each; BM = 64 * CONSUMERS)
+ *   AL_SM90_ROW0 1: the row blocks start at p.m_row0 (the second launch of a split grid: three consumers take
+ *   a head's first rows, two the rest; src/cuda/flash_sm90_specs.h, al_flash_sm90_c3_rows)
  *   Variants: AL_SCORE_MOD (or its folded form AL_SCORE_PRE / AL_SCORE_POST) / AL_MASK_MOD / AL_VARIANT /
  *   AL_BLOCK_MASK / AL_EX2_FMA_EVERY as in kernels/flash_common.cuh (the forward's hooks; the host needs
  *   block_m % BM == 0 and block_n % BN == 0, so a tile lies in one block, or with AL_SM90_BM_SPAN, set for
@@ -77,6 +79,12 @@
 #endif
 #ifndef AL_SM90_BM_SPAN     /* block masks whose block_m is not a multiple of BM (the host sets it with three consumers) */
 #define AL_SM90_BM_SPAN 0
+#endif
+#ifndef AL_SM90_ROW0        /* a split grid's second launch (the host sets it; no mask, no block mask) */
+#define AL_SM90_ROW0 0
+#endif
+#if AL_SM90_ROW0 && (AL_MASK_KIND != 0 || AL_BLOCK_MASK)
+#error "AL_SM90_ROW0: split grids are for kernels without a mask or block mask (the causal orders assume one launch)"
 #endif
 #ifndef AL_TANH_FMA_EVERY   /* flash_common.cuh: an experiment, off */
 #define AL_TANH_FMA_EVERY 0
@@ -174,7 +182,11 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
     if (sched <= 0 && heavy_high) m_block = (int)gridDim.x - 1 - m_block;
     const int hk = h / (p.H / p.HG);
     const al_fl_seq s = al_fl_seq_make(p, b, h);
+#if AL_SM90_ROW0
+    const int m0 = p.m_row0 + m_block * BM;   /* a split grid's second launch: its blocks start at row m_row0 */
+#else
     const int m0 = m_block * BM;
+#endif
     float *lse_row = p.lse + ((long long)b * p.H + h) * p.SQ;
 
     if (m0 >= s.q_len) {     /* past the sequence: lse = -inf (out was zero-filled by the host) */

@@ -60,6 +60,8 @@ typedef struct al_flash_params {
     /* last, so the other fields keep their offsets in the kernels' parameter bank */
     int *sched_ctr;                      /* persistent Hopper backward (AL_SM90_PERSIST): [2] work counters of the
                                             dK/dV and dQ kernels, zeroed before their launches */
+    int m_row0;                          /* the Hopper forward's second launch of a split grid (AL_SM90_ROW0): the
+                                            query row its first block starts at; read by no other kernel */
 } al_flash_params;
 
 #endif /* ATTNLAB_FLASH_PARAMS_H */

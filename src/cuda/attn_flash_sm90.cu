@@ -72,6 +72,19 @@ static al_flash_spec sm90_fwd_spec(const al_attn_plan *pl) {
     return s;
 }
 
+/* The split grid's first r3 rows per (batch, head) pair for three consumers (al_flash_sm90_c3_rows), or 0 for one
+ * launch of spec: only with ATTNLAB_FLASH_SM90_CONSUMERS=split (an experiment), for a score_mod that uses the MUFU,
+ * no mask, no block mask, not thd (whose sequences differ in length), d <= 128 (three consumers' tiles fit). */
+static long long sm90_fwd_split_rows(const al_attn_plan *pl, const al_flash_spec *spec) {
+    const al_attn_variant *v = pl->in.variant;
+    const al_attn_params *p = &pl->p;
+    if (!al_flash_sm90_split_env() || !v || !v->score_mufu || v->block_mask || spec->mask != AL_FLASH_MASK_NONE ||
+        p->qkv_format == AL_ATTN_FORMAT_THD || al_flash_sm90_c3_bn(spec->d) == 0)
+        return 0;
+    const long long r3 = (long long)al_flash_sm90_c3_rows(p->sq, p->h * p->b, al_cu_sm_count[pl->in.q->device_index]);
+    return r3 > 0 && r3 < p->sq ? r3 : 0;
+}
+
 /* What the Hopper forward and backward both need: the path not switched off, an sm_90 device, f16/bf16,
  * d_qk == d_v in {64, 128, up to max_d}, no ALiBi (the stage-1 kernels serve it), softmax_scale > 0 (the
  * row max is taken on raw scores). */
@@ -197,56 +210,86 @@ static al_status default_function(int32_t dev, const al_flash_spec *spec, int sm
     return AL_OK;
 }
 
-al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm, cudaStream_t s,
-                                int *done, double *prof) {
-    *done = 0;
-    if (!al_flash_sm90_applies(pl, NULL, 0)) return AL_OK;
+/* One launch of the Hopper forward: spec's kernel over gx row blocks per (head, batch) pair from query row m_row0
+ * (0, or the second launch of a split grid: spec.fwd_row0). 0 with *launched = 0: TMA cannot describe the strides
+ * (the caller's stage-1 fallback; only a first launch can get it, both build their maps from the same tensors). */
+static al_status sm90_fwd_launch(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm, cudaStream_t s,
+                                 const al_flash_spec *spec, long long gx, int m_row0, int *launched, double *prof) {
+    *launched = 0;
     const al_attn_params *p = &pl->p;
-    const al_flash_spec spec = sm90_fwd_spec(pl);
-    const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(&spec);
+    const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(spec);
     const int thd = p->qkv_format == AL_ATTN_FORMAT_THD;
     const long long rows_q = thd ? (long long)pl->in.q->size[0] : (long long)p->sq;
     const long long rows_kv = thd ? (long long)pl->in.k->size[0] : (long long)p->skv;
-    if (rows_q < 1 || rows_kv < 1 || p->b < 1) return AL_OK;   /* nothing to read: stage 1 handles the edge */
     al_flash_sm90_tmaps tm;
     memset(&tm, 0, sizeof tm);
-    if (al_flash_sm90_tmaps_make(&tm, prm, spec.bf16, spec.d, rows_q, rows_kv, tl.bm, tl.bn) != CUDA_SUCCESS)
+    if (al_flash_sm90_tmaps_make(&tm, prm, spec->bf16, spec->d, rows_q, rows_kv, tl.bm, tl.bn) != CUDA_SUCCESS)
         return AL_OK;                                           /* strides TMA cannot describe: stage 1 */
     if (prof) prof[0] = al_hprof_now();
 
     CUfunction fn;
     CUresult r = CUDA_SUCCESS;
     if (pl->in.variant) {
-        AL_TRY(al_flash_variant_function(dev, &spec, pl->in.variant, 1, &fn));
+        AL_TRY(al_flash_variant_function(dev, spec, pl->in.variant, 1, &fn));
         r = cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, tl.smem);
     } else {
-        AL_TRY(default_function(dev, &spec, tl.smem, &fn));
+        AL_TRY(default_function(dev, spec, tl.smem, &fn));
     }
     if (prof) prof[1] = al_hprof_now();
     al_flash_params prm_copy = *prm;
+    prm_copy.m_row0 = m_row0;
     /* longest rows first: causal, and block masks launched last block first (the kernel's heavy_high); a
      * CTA streams its kv head's K and V */
     const int group = (int)(p->h / (p->hg > 0 ? p->hg : 1));
-    prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
+    prm_copy.sched_hb = sched_heads(dev, spec->mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
                                     (double)rows_kv / (thd ? p->b : 1) * (double)(p->d_qk + p->d_v) * 2.0, group);
     void *args[] = {&prm_copy, &tm};
-    const unsigned gx = (unsigned)((p->sq + tl.bm - 1) / tl.bm);
     if (r == CUDA_SUCCESS)
-        r = cuLaunchKernel(fn, gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)tl.smem,
+        r = cuLaunchKernel(fn, (unsigned)gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)tl.smem,
                            (CUstream)s, args, NULL);
     if (r != CUDA_SUCCESS) {
         const char *msg = NULL, *nm = NULL;
         cuGetErrorString(r, &msg);
         cuGetErrorName(r, &nm);
         char label[96];
-        al_flash_sm90_spec_name(&spec, label, sizeof label);
-        return al_error(AL_ERR_CUDA, "launching al_flash_fwd_sm90 (%s; grid %u x %lld x %lld, %d threads, %d bytes of "
+        al_flash_sm90_spec_name(spec, label, sizeof label);
+        return al_error(AL_ERR_CUDA, "launching al_flash_fwd_sm90 (%s; grid %lld x %lld x %lld, %d threads, %d bytes of "
                         "shared memory) failed: %s (%s)", label, gx, (long long)p->h, (long long)p->b, tl.threads,
                         tl.smem, msg ? msg : "?", nm ? nm : "?");
     }
     al_cu_note_launch("al_flash_fwd_sm90");   /* named in a later asynchronous-fault report */
-    *done = 1;
+    *launched = 1;
     return AL_OK;
+}
+
+al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm, cudaStream_t s,
+                                int *done, double *prof) {
+    *done = 0;
+    if (!al_flash_sm90_applies(pl, NULL, 0)) return AL_OK;
+    const al_attn_params *p = &pl->p;
+    const int thd = p->qkv_format == AL_ATTN_FORMAT_THD;
+    const long long rows_q = thd ? (long long)pl->in.q->size[0] : (long long)p->sq;
+    const long long rows_kv = thd ? (long long)pl->in.k->size[0] : (long long)p->skv;
+    if (rows_q < 1 || rows_kv < 1 || p->b < 1) return AL_OK;   /* nothing to read: stage 1 handles the edge */
+    const al_flash_spec spec = sm90_fwd_spec(pl);
+    const long long r3 = sm90_fwd_split_rows(pl, &spec);
+    if (r3 > 0) {
+        /* a split grid: three consumers over each pair's first r3 rows, then two over the rest from row r3 */
+        al_flash_spec s3 = spec, s2 = spec;
+        s3.fwd_consumers = 3;
+        s2.fwd_consumers = 0;
+        s2.fwd_row0 = 1;
+        int launched = 0;
+        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s3, r3 / 192, 0, &launched, prof));
+        if (!launched) return AL_OK;
+        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s2, (p->sq - r3 + 127) / 128, (int)r3, &launched, NULL));
+        if (!launched)   /* cannot happen: both maps describe the same tensors */
+            return al_error(AL_ERR_CUDA, "the split Hopper forward's second launch found strides TMA cannot describe");
+        *done = 1;
+        return AL_OK;
+    }
+    const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(&spec);
+    return sm90_fwd_launch(dev, pl, prm, s, &spec, (p->sq + tl.bm - 1) / tl.bm, 0, done, prof);
 }
 
 /* ---- the Hopper backward (kernels/flash_bwd_sm90.cu) ------------------------------------------------------

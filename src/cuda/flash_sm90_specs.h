@@ -60,6 +60,36 @@ static inline int al_flash_sm90_c3_pays(int64_t sq, int64_t hb, int sms) {
     const int64_t w3 = ((sq + 191) / 192 * hb + sms - 1) / sms;
     return (double)w3 * 192.0 * AL_FLASH_SM90_C3_ROW_COST < (double)w2 * 128.0;
 }
+
+/* A split grid (an experiment, ATTNLAB_FLASH_SM90_CONSUMERS=split; not yet measured): three consumers take each
+ * (batch, head) pair's first r3 rows, two consumers the other sq - r3, in two launches, so that the three-consumer
+ * part fills whole waves and the two-consumer part's 128-row tiles fill the last wave better than 192-row ones.
+ * Returns r3 by the same wave model as al_flash_sm90_c3_pays: 0 (two consumers take everything), >= sq (three do),
+ * or a multiple of 192 in between where that costs less than both. At 16 heads x 4096 on 132 SMs: b = 1 gives 3072
+ * (2 waves of three consumers + 0.97 of two: 361 + 128 = 489 against 512 and 541), b = 2 3072 (4 + 2 waves: 978
+ * against 1024 and 1083), b = 4 3840 (10 + 1 waves: 1933 against 2048 and 1985). Session 21's b = 4 figures put
+ * soft-capping at about 1.06x the plain kernel per row with three consumers, 1.19x with two, so the model predicts
+ * 1.09-1.10x at b = 1 and 2 (now 1.19-1.24x). */
+static inline int64_t al_flash_sm90_c3_rows(int64_t sq, int64_t hb, int sms) {
+    if (sq <= 0 || hb <= 0 || sms <= 0) return 0;
+    const double c3 = 192.0 * AL_FLASH_SM90_C3_ROW_COST;
+    const int64_t n3 = (sq + 191) / 192;
+    double best = (double)(((sq + 127) / 128 * hb + sms - 1) / sms) * 128.0;   /* two consumers throughout */
+    int64_t r3 = 0;
+    const double all3 = (double)((n3 * hb + sms - 1) / sms) * c3;
+    if (all3 < best) best = all3, r3 = sq;
+    for (int64_t k = 1; k < n3; k++) {   /* k blocks of three consumers, the rest in 128-row blocks */
+        const int64_t rest = sq - 192 * k;
+        const double cost = (double)((k * hb + sms - 1) / sms) * c3 + (double)(((rest + 127) / 128 * hb + sms - 1) / sms) * 128.0;
+        if (cost < best) best = cost, r3 = 192 * k;
+    }
+    return r3;
+}
+/* ATTNLAB_FLASH_SM90_CONSUMERS=split: 1 (the split grid above where it applies), else 0 */
+static inline int al_flash_sm90_split_env(void) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");
+    return e && strcmp(e, "split") == 0;
+}
 /* key rows per tile of the three-consumer forward at head dim d (0: not served) */
 static inline int al_flash_sm90_c3_bn(int d) { return d <= 128 ? 64 : 0; }
 
@@ -97,6 +127,7 @@ static inline int al_flash_sm90_spec_options(const al_flash_spec *s, char opts[A
     if (s->variant && s->block_mask) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_LIST=%d", AL_FLASH_SM90_BM_LIST);
     /* three consumers: 192-row tiles under any block_m (a tile's kind combines the block rows it spans) */
     if (s->variant && s->block_mask && t.consumers == 3) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_SPAN=1");
+    if (s->fwd_row0) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_ROW0=1");
     return n;
 }
 
@@ -106,6 +137,7 @@ static inline void al_flash_sm90_spec_name(const al_flash_spec *s, char *buf, si
     int u = snprintf(buf, n, "fwd-sm90 d%d %s %s%s", s->d, s->bf16 ? "bf16" : "f16", masks[s->mask],
                      s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
     if (s->fwd_consumers == 3 && u > 0 && (size_t)u < n) u += snprintf(buf + u, n - (size_t)u, " c3");
+    if (s->fwd_row0 && u > 0 && (size_t)u < n) u += snprintf(buf + u, n - (size_t)u, " row0");
     if (s->variant && u > 0 && (size_t)u < n)
         snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }

@@ -40,6 +40,9 @@ typedef struct al_flash_spec {
      * ATTNLAB_FLASH_SM90_CONSUMERS=3; flash_sm90_specs.h). Part of the spec so that every cache keyed by it
      * (the host's function memo, the variant LRU) tells the two builds apart. */
     int fwd_consumers;
+    /* 1 = the Hopper forward's row blocks start at al_flash_params.m_row0 (-DAL_SM90_ROW0=1): the two-consumer
+     * launch of a split grid, whose first rows three consumers take (flash_sm90_specs.h, al_flash_sm90_c3_rows) */
+    int fwd_row0;
 } al_flash_spec;
 
 /* Tile sizes and launch shape of a specialisation. */

@@ -329,6 +329,41 @@ static void test_fwd_c3_shapes(void) {
         CHECK(al_flash_sm90_c3_pays(C3[k].sq, C3[k].hb, C3[k].sms) == C3[k].pays,
               "al_flash_sm90_c3_pays(sq %lld, b x h %lld, %d SMs) = %d, expected %d", (long long)C3[k].sq,
               (long long)C3[k].hb, C3[k].sms, al_flash_sm90_c3_pays(C3[k].sq, C3[k].hb, C3[k].sms), C3[k].pays);
+    /* the split grid (ATTNLAB_FLASH_SM90_CONSUMERS=split): {sq, b x h, SMs, rows for three consumers}, by hand in
+     * units of a 128-row wave, three consumers' 192-row wave costing 180.48. 16 x 4096 on 132 SMs, b = 1: 16 blocks
+     * of 192 (256 CTAs, 2 waves) + 8 of 128 (128 CTAs, 1 wave) = 489 < 512 (two) and 541 (three); b = 2: 4 + 2 waves
+     * = 978 < 1024, 1083; b = 4: 20 blocks (1280 CTAs, 10 waves) + 2 of 128 (128 CTAs) = 1933 < 2048, 1985. On 114
+     * SMs b = 1: 12 blocks (192 CTAs, 2 waves) + 14 of 128 (224, 2 waves) = 617 < 640, 722. One wave of two
+     * consumers (1024 rows x 16 heads): nothing to gain, 0. Three consumers throughout where no split beats them:
+     * 16128 = 84 x 192 rows x 16 heads on 1 SM (every CTA its own wave, a row of three costing 0.94 of two's): sq. */
+    const struct { int64_t sq, hb; int sms; int64_t r3; } R3[] = {
+        {4096, 16, 132, 3072}, {4096, 32, 132, 3072}, {4096, 64, 132, 3840}, {4096, 16, 114, 2304},
+        {1024, 16, 132, 0}, {384, 2, 132, 0}, {16128, 16, 1, 16128}, {0, 16, 132, 0}, {4096, 16, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof R3 / sizeof R3[0]; k++) {
+        const int64_t got = al_flash_sm90_c3_rows(R3[k].sq, R3[k].hb, R3[k].sms);
+        CHECK(got == R3[k].r3, "al_flash_sm90_c3_rows(sq %lld, b x h %lld, %d SMs) = %lld, expected %lld",
+              (long long)R3[k].sq, (long long)R3[k].hb, R3[k].sms, (long long)got, (long long)R3[k].r3);
+        CHECK(got % 192 == 0 || got == R3[k].sq, "al_flash_sm90_c3_rows: %lld rows is no whole number of 192-row blocks",
+              (long long)got);
+    }
+    setenv("ATTNLAB_FLASH_SM90_CONSUMERS", "split", 1);
+    CHECK(al_flash_sm90_split_env() == 1 && al_flash_sm90_consumers_env() == 0, "ATTNLAB_FLASH_SM90_CONSUMERS=split");
+    setenv("ATTNLAB_FLASH_SM90_CONSUMERS", "3", 1);
+    CHECK(al_flash_sm90_split_env() == 0, "ATTNLAB_FLASH_SM90_CONSUMERS=3 read as split");
+    unsetenv("ATTNLAB_FLASH_SM90_CONSUMERS");
+    /* the split grid's second launch: the default tiles, -DAL_SM90_ROW0=1, " row0" in its name */
+    al_flash_spec r0;
+    al_flash_sm90_spec_at(0, &r0);
+    const al_flash_sm90_tiles t0 = al_flash_sm90_spec_tiles(&r0);
+    int n0 = al_flash_sm90_spec_options(&r0, opts);
+    CHECK(!has_opt(opts, n0, "-DAL_SM90_ROW0=1"), "ROW0 without fwd_row0");
+    r0.fwd_row0 = 1;
+    const al_flash_sm90_tiles t1 = al_flash_sm90_spec_tiles(&r0);
+    n0 = al_flash_sm90_spec_options(&r0, opts);
+    al_flash_sm90_spec_name(&r0, nm, sizeof nm);
+    CHECK(memcmp(&t0, &t1, sizeof t0) == 0 && has_opt(opts, n0, "-DAL_SM90_ROW0=1") && strstr(nm, " row0") != NULL,
+          "fwd_row0: tiles changed, or no ROW0 option, or name '%s'", nm);
 }
 
 int main(void) {
@@ -366,7 +401,7 @@ int main(void) {
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal; three consumers: bf16 d128 no mask,
      * bf16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
-    enum { MAX_GEN = 16, JOBS_PER_GEN = 8 };
+    enum { MAX_GEN = 16, JOBS_PER_GEN = 9 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
@@ -475,17 +510,20 @@ int main(void) {
             archs[njobs++] = "sm_90a";
         }
     for (int i = 0; i < ngen; i++) {
-        /* (c3: the three-consumer forward, ATTNLAB_FLASH_SM90_CONSUMERS=3) */
-        static const struct { int fam, kind, d, bf16, mask, c3; } J[JOBS_PER_GEN] = {
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 1},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_CAUSAL, 1},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0},
-            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE, 0},
-            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE, 0}};
+        /* (c3: the three-consumer forward; row0: the two-consumer launch of a split grid, ATTNLAB_FLASH_SM90_CONSUMERS=
+         * split, which the host runs without a block mask only) */
+        static const struct { int fam, kind, d, bf16, mask, c3, row0; } J[JOBS_PER_GEN] = {
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 1, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_CAUSAL, 1, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0, 1},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0, 0},
+            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0, 0},
+            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE, 0, 0},
+            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE, 0, 0}};
         for (int k = 0; k < JOBS_PER_GEN; k++) {
+            if (J[k].row0 && gen[i].block_mask) continue;
             al_flash_spec *sp = &specs[njobs];
             memset(sp, 0, sizeof *sp);
             sp->kind = J[k].kind;
@@ -493,6 +531,7 @@ int main(void) {
             sp->bf16 = J[k].bf16;
             sp->mask = J[k].mask;
             sp->fwd_consumers = J[k].c3 ? 3 : 0;
+            sp->fwd_row0 = J[k].row0;
             al_flash_spec_set_variant(sp, &gen[i].hk, gen[i].block_mask);
             job_name(sp, J[k].fam, nm, sizeof nm);
             if (only && *only && !strstr(nm, only)) continue;

@@ -1013,6 +1013,46 @@ describe("variants on the GPU #gpu", function()
     end)
   end)
 
+  -- The split grid (ATTNLAB_FLASH_SM90_CONSUMERS=split, an experiment): three consumers over each (batch, head)
+  -- pair's first rows, two over the rest from p.m_row0 (kernels/flash_fwd_sm90.cu's AL_SM90_ROW0); at 1 x 16 heads x
+  -- 4096 the host splits on an H100 or H200 (al_flash_sm90_c3_rows: 3072 rows on 132 SMs, 2304 on 114; some other
+  -- SM counts run one grid, so the log is read on those two only). Output and LSE against the same call with two
+  -- consumers forced, and the backward from each against the other.
+  it("[ATTNLAB_FLASH_SM90_CONSUMERS=split] soft-capping's split forward == two consumers, output, LSE and gradients",
+     function()
+    if not HAS_GPU then pending("no GPU") return end
+    local dev = al.cuda.device_info(0)
+    if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
+    local c = 20 + (os.time() % 100000) / 7919 + math.random()
+    al.manual_seed(47)
+    local a = { query_layer = rnd({ 1, 4096, 16, 128 }, "bf16"):cuda(), key_layer = rnd({ 1, 4096, 16, 128 }, "bf16"):cuda(),
+      value_layer = rnd({ 1, 4096, 16, 128 }, "bf16"):cuda(), qkv_format = "bshd", attn_mask_type = "no_mask",
+      score_mod = function(score) return c * al.tanh(score / c) end, backend = "flash" }
+    local dout = rnd({ 1, 4096, 16 * 128 }, "bf16"):cuda()
+    local before = {}
+    for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do before[line] = true end
+    local o_s, ctx_s, o_2, ctx_2
+    with_env("ATTNLAB_FLASH_SM90_CONSUMERS", "split", function() o_s, ctx_s = al.attention.forward(a) end)
+    local new = {}
+    for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do
+      if not before[line] and line:find("^fwd%-sm90 ") then new[#new + 1] = line end
+    end
+    local text = table.concat(new, "\n")
+    if dev.name:find("H100", 1, true) or dev.name:find("H200", 1, true) then
+      assert(text:find("fwd%-sm90 d128 bf16 nomask c3 variant %x+") and text:find("fwd%-sm90 d128 bf16 nomask row0 variant %x+"),
+        dev.name .. ":\n" .. text)
+    end
+    with_env("ATTNLAB_FLASH_SM90_CONSUMERS", "2", function() o_2, ctx_2 = al.attention.forward(a) end)
+    assert(al.max_abs_diff(o_s, o_2) < 2e-2, "output: " .. al.max_abs_diff(o_s, o_2))
+    local dl = al.max_abs_diff(ctx_s.lse:cpu():to("f64"), ctx_2.lse:cpu():to("f64"))
+    assert(dl < 1e-3, "lse: " .. dl)
+    local g_s, g_2 = al.attention.backward(ctx_s, dout), al.attention.backward(ctx_2, dout)
+    for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
+      local d = al.max_abs_diff(g_s[k], g_2[k])
+      assert(d < 2e-2, k .. ": " .. d)
+    end
+  end)
+
   it("causal via mask_mod + block mask == built-in causal on flash", function()
     if not HAS_GPU then pending("no GPU") return end
     local a = { query_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(), key_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(),
