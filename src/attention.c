@@ -376,10 +376,12 @@ static al_status check_variant(al_attn_plan *pl) {
     return AL_OK;
 }
 
-static al_status plan_build_inner(al_attn_plan *pl) {
-    al_attn_params *p = &pl->p;
+/* ---- building a plan: one step per function, in order (plan_build_inner) ------------------------------ */
+
+/* q, k, v's dtypes and devices, and the parameter codes */
+static al_status plan_check_codes(const al_attn_plan *pl) {
+    const al_attn_params *p = &pl->p;
     const al_attn_inputs *in = &pl->in;
-    char b1[96], b2[96];
     AL_TRY(check_qkv("q (query_layer)", in->q, in->fp8));
     AL_TRY(check_qkv("k (key_layer)", in->k, in->fp8));
     AL_TRY(check_qkv("v (value_layer)", in->v, in->fp8));
@@ -400,15 +402,22 @@ static al_status plan_build_inner(al_attn_plan *pl) {
         return al_error(AL_ERR_ARG, "attention: compute dtype must be f32 or f64, got %s", al_dtype_name(p->compute_dtype));
     if (!(p->dropout_p >= 0.0 && p->dropout_p < 1.0))
         return al_error(AL_ERR_ARG, "attention: attention_dropout must be in [0, 1), got %g", p->dropout_p);
+    return AL_OK;
+}
 
+/* the shapes: h, hg, d_qk, d_v and b (and, for sbhd / bshd, sq and skv) into p, each checked against a value
+ * the caller gave; thd's sq / skv come from cu_seqlens (plan_seqlens) */
+static al_status plan_shapes(al_attn_plan *pl) {
+    al_attn_params *p = &pl->p;
+    const al_attn_inputs *in = &pl->in;
+    char b1[96], b2[96];
     const int thd = p->qkv_format == AL_ATTN_FORMAT_THD;
-    const int want_nd = thd ? 3 : 4;
+    const int nd = thd ? 3 : 4;
     const al_tensor *q = in->q, *k = in->k, *v = in->v;
-    if (q->ndim != want_nd || k->ndim != want_nd || v->ndim != want_nd)
+    if (q->ndim != nd || k->ndim != nd || v->ndim != nd)
         return al_error(AL_ERR_ARG, "attention: qkv_format=%s needs %dD q, k, v, got %s, %s and %dD v",
-                        fmt_name(p->qkv_format), want_nd, al_tensor_describe(q, b1, sizeof b1),
+                        fmt_name(p->qkv_format), nd, al_tensor_describe(q, b1, sizeof b1),
                         al_tensor_describe(k, b2, sizeof b2), v->ndim);
-    const int nd = want_nd;
     int64_t h = q->size[nd - 2], hg = k->size[nd - 2], dqk = q->size[nd - 1], dv = v->size[nd - 1];
     if (v->size[nd - 2] != hg)
         return al_error(AL_ERR_ARG, "attention: keys and values must have the same head count, got %lld and %lld",
@@ -453,119 +462,134 @@ static al_status plan_build_inner(al_attn_plan *pl) {
     }
     AL_TRY(check_given("b", p->b, b));
     p->b = b;
+    if (!thd) {
+        AL_TRY(check_given("sq", p->sq, sq));
+        AL_TRY(check_given("skv", p->skv, skv));
+        p->sq = sq; p->skv = skv;
+    }
+    return AL_OK;
+}
 
-    size_t nb = (size_t)(b > 0 ? b : 1);
-    /* small batches use the plan's inline arrays (zeroed by plan_build's memset), larger ones one block */
+/* thd: each side's start and length from cu_seqlens (and cu_seqlens_*_padded), and max_seqlen into p->sq / skv;
+ * cu and cup are scratch of b + 1 entries each */
+static al_status plan_seqlens_thd(al_attn_plan *pl, int64_t *cu, int64_t *cup) {
+    al_attn_params *p = &pl->p;
+    const al_attn_inputs *in = &pl->in;
+    const int64_t b = p->b;
+    for (int side = 0; side < 2; side++) {
+        const al_tensor *c = side ? in->cu_seqlens_kv : in->cu_seqlens_q;
+        const al_tensor *cp = side ? in->cu_seqlens_kv_padded : in->cu_seqlens_q_padded;
+        const char *nm = side ? "cu_seqlens_kv" : "cu_seqlens_q";
+        const char *nmp = side ? "cu_seqlens_kv_padded" : "cu_seqlens_q_padded";
+        const char *count = side ? "the key tensor's token count" : "the query tensor's token count";
+        const int64_t t = side ? in->k->size[0] : in->q->size[0];
+        int64_t *start = side ? pl->kv_start : pl->q_start, *len = side ? pl->kv_len : pl->q_len;
+        AL_TRY(read_cu(nm, c, b, cp ? INT64_MAX : t, count, cu));
+        if (cp) {
+            AL_TRY(read_cu(nmp, cp, b, t, count, cup));
+            for (int64_t i = 0; i < b; i++)
+                if (cu[i + 1] - cu[i] > cup[i + 1] - cup[i])
+                    return al_error(AL_ERR_ARG, "attention: sequence %lld has %lld tokens in %s but only %lld slots in %s",
+                                    (long long)i, (long long)(cu[i + 1] - cu[i]), nm, (long long)(cup[i + 1] - cup[i]), nmp);
+        }
+        int64_t mx = 0;
+        for (int64_t i = 0; i < b; i++) {
+            start[i] = cp ? cup[i] : cu[i];
+            len[i] = cu[i + 1] - cu[i];
+            if (len[i] > mx) mx = len[i];
+        }
+        int64_t *given = side ? &p->skv : &p->sq;
+        if (*given == 0) *given = mx;
+        else if (*given < mx)
+            return al_error(AL_ERR_ARG, "attention: max_seqlen_%s = %lld is below the longest sequence (%lld)",
+                            side ? "kv" : "q", (long long)*given, (long long)mx);
+    }
+    return AL_OK;
+}
+
+/* sbhd / bshd: every sequence sq / skv long, unless padding shortens them (cu_seqlens, or a padding attention_mask
+ * read into q_valid / kv_valid); cu is scratch of b + 1 entries */
+static al_status plan_seqlens_dense(al_attn_plan *pl, int64_t *cu) {
+    const al_attn_params *p = &pl->p;
+    const al_attn_inputs *in = &pl->in;
+    const int64_t b = p->b, sq = p->sq, skv = p->skv;
+    if (in->cu_seqlens_q_padded || in->cu_seqlens_kv_padded)
+        return al_error(AL_ERR_ARG, "attention: cu_seqlens_q_padded/cu_seqlens_kv_padded apply to qkv_format=thd only");
+    for (int64_t i = 0; i < b; i++) { pl->q_len[i] = sq; pl->kv_len[i] = skv; }
+    if ((in->cu_seqlens_q || in->cu_seqlens_kv || in->attention_mask) && !pl->has_padding &&
+        p->mask_type != AL_ATTN_MASK_ARBITRARY)
+        return al_error(AL_ERR_ARG, "attention: attention_mask/cu_seqlens given but attn_mask_type=%s has no padding "
+                        "(use padding, padding_causal or padding_causal_bottom_right)", mask_name(p->mask_type));
+    if (pl->has_padding && (in->cu_seqlens_q || in->cu_seqlens_kv)) {
+        if (!in->cu_seqlens_q || !in->cu_seqlens_kv) return al_error(AL_ERR_ARG, "attention: give both cu_seqlens_q and cu_seqlens_kv");
+        if (in->attention_mask) return al_error(AL_ERR_ARG, "attention: give padding as attention_mask or as cu_seqlens, not both");
+        AL_TRY(read_cu("cu_seqlens_q", in->cu_seqlens_q, b, b * sq, "batch * max_seqlen_q", cu));
+        for (int64_t i = 0; i < b; i++) {
+            pl->q_len[i] = cu[i + 1] - cu[i];
+            if (pl->q_len[i] > sq) return al_error(AL_ERR_ARG, "attention: cu_seqlens_q gives sequence %lld length %lld > sq = %lld", (long long)i, (long long)pl->q_len[i], (long long)sq);
+        }
+        AL_TRY(read_cu("cu_seqlens_kv", in->cu_seqlens_kv, b, b * skv, "batch * max_seqlen_kv", cu));
+        for (int64_t i = 0; i < b; i++) {
+            pl->kv_len[i] = cu[i + 1] - cu[i];
+            if (pl->kv_len[i] > skv) return al_error(AL_ERR_ARG, "attention: cu_seqlens_kv gives sequence %lld length %lld > skv = %lld", (long long)i, (long long)pl->kv_len[i], (long long)skv);
+        }
+    } else if (pl->has_padding && in->attention_mask) {
+        pl->q_valid = malloc((size_t)(b * sq > 0 ? b * sq : 1));
+        pl->kv_valid = malloc((size_t)(b * skv > 0 ? b * skv : 1));
+        if (!pl->q_valid || !pl->kv_valid) return al_error(AL_ERR_OOM, "attention: out of memory");
+        AL_TRY(read_padding_mask("attention_mask", in->attention_mask, b, sq, pl->q_valid, pl->q_len));
+        if (in->attention_mask_kv) {
+            AL_TRY(read_padding_mask("attention_mask_kv", in->attention_mask_kv, b, skv, pl->kv_valid, pl->kv_len));
+        } else if (sq == skv) {
+            memcpy(pl->kv_valid, pl->q_valid, (size_t)(b * sq));
+            memcpy(pl->kv_len, pl->q_len, sizeof(int64_t) * (size_t)b);
+        } else {
+            return al_error(AL_ERR_ARG, "attention: cross-attention (sq=%lld, skv=%lld) with a padding attention_mask needs "
+                            "the key-side mask too (attention_mask = {q_mask, kv_mask})", (long long)sq, (long long)skv);
+        }
+    } else if (in->attention_mask_kv) {
+        return al_error(AL_ERR_ARG, "attention: attention_mask_kv given without a padding attention_mask");
+    }
+    return AL_OK;
+}
+
+/* the per-sequence arrays (q_start ... diag: the plan's inline ones for small batches, else one block) filled
+ * with each sequence's start, length and rows */
+static al_status plan_seqlens(al_attn_plan *pl) {
+    const al_attn_params *p = &pl->p;
+    const int64_t b = p->b;
+    const size_t nb = (size_t)(b > 0 ? b : 1);
     pl->q_start = nb <= AL_ATTN_PLAN_INLINE_B ? pl->small_b : calloc(8 * nb, sizeof(int64_t));
     if (!pl->q_start) return al_error(AL_ERR_OOM, "attention: out of memory");
     pl->kv_start = pl->q_start + nb; pl->q_len = pl->kv_start + nb; pl->kv_len = pl->q_len + nb;
     pl->q_rows = pl->kv_len + nb; pl->kv_rows = pl->q_rows + nb; pl->diag = pl->kv_rows + nb;
+    pl->has_padding = is_padding_mask(p->mask_type);
+    /* cu_seqlens read as int64: b + 1 entries, and as many for the padded offsets */
     int64_t cu_small[2 * (AL_ATTN_PLAN_INLINE_B + 1)];
     int64_t *cu = nb <= AL_ATTN_PLAN_INLINE_B ? cu_small : malloc(sizeof(int64_t) * 2 * (nb + 1));
     if (!cu) return al_error(AL_ERR_OOM, "attention: out of memory");
-    int64_t *cup = cu + nb + 1;
-    al_status st = AL_OK;
-#define CU_FREE() do { if (cu != cu_small) free(cu); } while (0)
-#define CU_TRY(e) do { st = (e); if (st != AL_OK) { CU_FREE(); return st; } } while (0)
-
-    pl->has_padding = is_padding_mask(p->mask_type);
-    if (thd) {
-        int64_t tq = q->size[0], tkv = k->size[0];
-        for (int side = 0; side < 2; side++) {
-            const al_tensor *c = side ? in->cu_seqlens_kv : in->cu_seqlens_q;
-            const al_tensor *cp = side ? in->cu_seqlens_kv_padded : in->cu_seqlens_q_padded;
-            const char *nm = side ? "cu_seqlens_kv" : "cu_seqlens_q";
-            const char *nmp = side ? "cu_seqlens_kv_padded" : "cu_seqlens_q_padded";
-            int64_t t = side ? tkv : tq;
-            int64_t *start = side ? pl->kv_start : pl->q_start, *len = side ? pl->kv_len : pl->q_len;
-            CU_TRY(read_cu(nm, c, b, cp ? INT64_MAX : t, side ? "the key tensor's token count" : "the query tensor's token count", cu));
-            if (cp) {
-                CU_TRY(read_cu(nmp, cp, b, t, side ? "the key tensor's token count" : "the query tensor's token count", cup));
-                for (int64_t i = 0; i < b; i++)
-                    if (cu[i + 1] - cu[i] > cup[i + 1] - cup[i]) {
-                        /* read the lengths before free(cu): cup points into the same block (ASan: use after free) */
-                        long long tokens = (long long)(cu[i + 1] - cu[i]), slots = (long long)(cup[i + 1] - cup[i]);
-                        CU_FREE();
-                        return al_error(AL_ERR_ARG, "attention: sequence %lld has %lld tokens in %s but only %lld slots in %s",
-                                        (long long)i, tokens, nm, slots, nmp);
-                    }
-            }
-            int64_t mx = 0;
-            for (int64_t i = 0; i < b; i++) {
-                start[i] = cp ? cup[i] : cu[i];
-                len[i] = cu[i + 1] - cu[i];
-                if (len[i] > mx) mx = len[i];
-            }
-            int64_t *given = side ? &p->skv : &p->sq;
-            if (*given == 0) *given = mx;
-            else if (*given < mx) {
-                CU_FREE();
-                return al_error(AL_ERR_ARG, "attention: max_seqlen_%s = %lld is below the longest sequence (%lld)",
-                                side ? "kv" : "q", (long long)*given, (long long)mx);
-            }
-        }
-        sq = p->sq; skv = p->skv;
-    } else {
-        CU_TRY(check_given("sq", p->sq, sq));
-        CU_TRY(check_given("skv", p->skv, skv));
-        p->sq = sq; p->skv = skv;
-        if (in->cu_seqlens_q_padded || in->cu_seqlens_kv_padded) {
-            CU_FREE();
-            return al_error(AL_ERR_ARG, "attention: cu_seqlens_q_padded/cu_seqlens_kv_padded apply to qkv_format=thd only");
-        }
-        for (int64_t i = 0; i < b; i++) { pl->q_len[i] = sq; pl->kv_len[i] = skv; }
-        if ((in->cu_seqlens_q || in->cu_seqlens_kv || in->attention_mask) && !pl->has_padding &&
-            p->mask_type != AL_ATTN_MASK_ARBITRARY) {
-            CU_FREE();
-            return al_error(AL_ERR_ARG, "attention: attention_mask/cu_seqlens given but attn_mask_type=%s has no padding "
-                            "(use padding, padding_causal or padding_causal_bottom_right)", mask_name(p->mask_type));
-        }
-        if (pl->has_padding && (in->cu_seqlens_q || in->cu_seqlens_kv)) {
-            if (!in->cu_seqlens_q || !in->cu_seqlens_kv) { CU_FREE(); return al_error(AL_ERR_ARG, "attention: give both cu_seqlens_q and cu_seqlens_kv"); }
-            if (in->attention_mask) { CU_FREE(); return al_error(AL_ERR_ARG, "attention: give padding as attention_mask or as cu_seqlens, not both"); }
-            CU_TRY(read_cu("cu_seqlens_q", in->cu_seqlens_q, b, b * sq, "batch * max_seqlen_q", cu));
-            for (int64_t i = 0; i < b; i++) {
-                pl->q_len[i] = cu[i + 1] - cu[i];
-                if (pl->q_len[i] > sq) { CU_FREE(); return al_error(AL_ERR_ARG, "attention: cu_seqlens_q gives sequence %lld length %lld > sq = %lld", (long long)i, (long long)pl->q_len[i], (long long)sq); }
-            }
-            CU_TRY(read_cu("cu_seqlens_kv", in->cu_seqlens_kv, b, b * skv, "batch * max_seqlen_kv", cu));
-            for (int64_t i = 0; i < b; i++) {
-                pl->kv_len[i] = cu[i + 1] - cu[i];
-                if (pl->kv_len[i] > skv) { CU_FREE(); return al_error(AL_ERR_ARG, "attention: cu_seqlens_kv gives sequence %lld length %lld > skv = %lld", (long long)i, (long long)pl->kv_len[i], (long long)skv); }
-            }
-        } else if (pl->has_padding && in->attention_mask) {
-            pl->q_valid = malloc((size_t)(b * sq > 0 ? b * sq : 1));
-            pl->kv_valid = malloc((size_t)(b * skv > 0 ? b * skv : 1));
-            if (!pl->q_valid || !pl->kv_valid) { CU_FREE(); return al_error(AL_ERR_OOM, "attention: out of memory"); }
-            CU_TRY(read_padding_mask("attention_mask", in->attention_mask, b, sq, pl->q_valid, pl->q_len));
-            if (in->attention_mask_kv) {
-                CU_TRY(read_padding_mask("attention_mask_kv", in->attention_mask_kv, b, skv, pl->kv_valid, pl->kv_len));
-            } else if (sq == skv) {
-                memcpy(pl->kv_valid, pl->q_valid, (size_t)(b * sq));
-                memcpy(pl->kv_len, pl->q_len, sizeof(int64_t) * (size_t)b);
-            } else {
-                CU_FREE();
-                return al_error(AL_ERR_ARG, "attention: cross-attention (sq=%lld, skv=%lld) with a padding attention_mask needs "
-                                "the key-side mask too (attention_mask = {q_mask, kv_mask})", (long long)sq, (long long)skv);
-            }
-        } else if (in->attention_mask_kv) {
-            CU_FREE();
-            return al_error(AL_ERR_ARG, "attention: attention_mask_kv given without a padding attention_mask");
-        }
-    }
-    CU_FREE();
-#undef CU_TRY
-#undef CU_FREE
+    const al_status st = p->qkv_format == AL_ATTN_FORMAT_THD ? plan_seqlens_thd(pl, cu, cu + nb + 1)
+                                                              : plan_seqlens_dense(pl, cu);
+    if (cu != cu_small) free(cu);
+    if (st != AL_OK) return st;
     for (int64_t i = 0; i < b; i++) {
-        pl->q_rows[i] = pl->q_valid ? sq : pl->q_len[i];
-        pl->kv_rows[i] = pl->kv_valid ? skv : pl->kv_len[i];
+        pl->q_rows[i] = pl->q_valid ? p->sq : pl->q_len[i];
+        pl->kv_rows[i] = pl->kv_valid ? p->skv : pl->kv_len[i];
     }
+    return AL_OK;
+}
 
-    /* masks and windows (TE check_set_window_size; Lua warns where TE warns) */
+/* an arbitrary attention_mask, and the window (TE check_set_window_size; Lua warns where TE warns) with the
+ * diagonal each sequence's mask is aligned to */
+static al_status plan_masks(al_attn_plan *pl) {
+    al_attn_params *p = &pl->p;
+    const al_attn_inputs *in = &pl->in;
+    char b1[96];
     if (p->mask_type == AL_ATTN_MASK_ARBITRARY) {
         if (!in->attention_mask) return al_error(AL_ERR_ARG, "attention: attn_mask_type=arbitrary needs attention_mask");
         if (in->attention_mask_kv) return al_error(AL_ERR_ARG, "attention: attn_mask_type=arbitrary takes one attention_mask");
-        if (thd) return al_error(AL_ERR_ARG, "attention: attn_mask_type=arbitrary is not supported with qkv_format=thd");
+        if (p->qkv_format == AL_ATTN_FORMAT_THD)
+            return al_error(AL_ERR_ARG, "attention: attn_mask_type=arbitrary is not supported with qkv_format=thd");
         const al_tensor *m = in->attention_mask;
         AL_TRY(al_check_tensor("attention", "attention_mask", m));
         if (m->dtype != AL_DTYPE_U8 && m->dtype != AL_DTYPE_BOOL)
@@ -573,7 +597,7 @@ static al_status plan_build_inner(al_attn_plan *pl) {
                             al_tensor_describe(m, b1, sizeof b1));
         if (m->device_type != AL_DEVICE_CPU && in->q->device_type == AL_DEVICE_CPU)
             return al_error(AL_ERR_ARG, "attention: attention_mask must be on the device of q");
-        int64_t want[4] = {b, h, sq, skv};
+        int64_t want[4] = {p->b, p->h, p->sq, p->skv};
         AL_TRY(broadcast4("attention_mask", m, want, pl->arb_stride));
         pl->has_arb = 1;
         pl->arb_offset = m->offset;
@@ -600,82 +624,113 @@ static al_status plan_build_inner(al_attn_plan *pl) {
     }
     p->window_left = wl; p->window_right = wr;
     pl->bottom_right = p->bottom_right_diagonal ? 1 : 0;
-    for (int64_t i = 0; i < b; i++) pl->diag[i] = pl->bottom_right ? pl->kv_len[i] - pl->q_len[i] : 0;
+    for (int64_t i = 0; i < p->b; i++) pl->diag[i] = pl->bottom_right ? pl->kv_len[i] - pl->q_len[i] : 0;
+    return AL_OK;
+}
 
-    /* bias */
-    if (p->bias_type == AL_ATTN_BIAS_PRE_SCALE || p->bias_type == AL_ATTN_BIAS_POST_SCALE) {
-        const al_tensor *B = in->bias;
-        if (!B) return al_error(AL_ERR_ARG, "attention: core_attention_bias_type=%s needs core_attention_bias",
-                                p->bias_type == 1 ? "pre_scale_bias" : "post_scale_bias");
-        AL_TRY(check_float("core_attention_bias", B));
-        if (B->ndim != 4 || (B->size[0] != b && B->size[0] != 1) || (B->size[1] != h && B->size[1] != 1) ||
-            (B->size[2] != sq && B->size[2] != 1) || B->size[3] != skv)
-            return al_error(AL_ERR_ARG, "attention: core_attention_bias must be [b|1, h|1, sq|1, skv] = one of bhss, 1hss, "
-                            "b1ss, 11ss, 111s with b=%lld h=%lld sq=%lld skv=%lld, got %s", (long long)b, (long long)h,
-                            (long long)sq, (long long)skv, al_tensor_describe(B, b1, sizeof b1));
-        if (B->size[2] == 1 && (B->size[0] != 1 || B->size[1] != 1) && sq != 1)
-            return al_error(AL_ERR_ARG, "attention: core_attention_bias with sq extent 1 must be 111s ([1,1,1,skv]), got %s",
-                            al_tensor_describe(B, b1, sizeof b1));
-        if (B->device_type != q->device_type) return al_error(AL_ERR_ARG, "attention: core_attention_bias must be on q's device");
-        int64_t want[4] = {b, h, sq, skv};
-        AL_TRY(broadcast4("core_attention_bias", B, want, pl->bias_stride));
-        pl->bias_offset = B->offset;
-        pl->has_grad_bias = 1;
-    } else if (in->bias) {
-        return al_error(AL_ERR_ARG, "attention: core_attention_bias given but core_attention_bias_type is %s",
-                        p->bias_type == 0 ? "no_bias" : "alibi");
+/* core_attention_bias: [b|1, h|1, sq|1, skv] for pre / post-scale bias, absent otherwise */
+static al_status plan_bias(al_attn_plan *pl) {
+    const al_attn_params *p = &pl->p;
+    const al_tensor *B = pl->in.bias;
+    char b1[96];
+    if (p->bias_type != AL_ATTN_BIAS_PRE_SCALE && p->bias_type != AL_ATTN_BIAS_POST_SCALE) {
+        if (B)
+            return al_error(AL_ERR_ARG, "attention: core_attention_bias given but core_attention_bias_type is %s",
+                            p->bias_type == 0 ? "no_bias" : "alibi");
+        return AL_OK;
     }
-    if (p->bias_type == AL_ATTN_BIAS_ALIBI) {
-        /* room for h default slopes even when b = 0 (al_attn_default_alibi_slopes writes h; found by fuzz_attn_args) */
-        pl->alibi = malloc(sizeof(float) * (size_t)((b > 1 ? b : 1) * (h > 0 ? h : 1)));
-        if (!pl->alibi) return al_error(AL_ERR_OOM, "attention: out of memory");
-        const al_tensor *s = in->alibi_slopes;
-        if (s) {
-            AL_TRY(al_check_tensor("attention", "alibi_slopes", s));
-            if (s->dtype != AL_DTYPE_F32)
-                return al_error(AL_ERR_ARG, "attention: alibi_slopes must be f32, got %s", al_tensor_describe(s, b1, sizeof b1));
-            int per_batch = s->ndim == 2 && s->size[0] == b && s->size[1] == h;
-            if (!(s->ndim == 1 && s->size[0] == h) && !per_batch)
-                return al_error(AL_ERR_ARG, "attention: alibi_slopes must be [h] or [b, h] = [%lld] or [%lld, %lld], got %s",
-                                (long long)h, (long long)b, (long long)h, al_tensor_describe(s, b1, sizeof b1));
-            /* [h] slopes are read whole even when b = 0 (a heap overflow before; found by fuzz_attn_args) */
-            double *d = malloc(sizeof(double) * (size_t)((b > 1 ? b : 1) * h));
-            if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
-            st = al_tensor_read_f64(s, d, per_batch ? b * h : h);
-            if (st != AL_OK) { free(d); return al_error_prefix(st, "attention"); }
-            for (int64_t i = 0; i < b * h; i++) pl->alibi[i] = (float)d[per_batch ? i : i % h];
-            free(d);
-        } else {
-            al_attn_default_alibi_slopes(h, pl->alibi);
-            for (int64_t i = h; i < b * h; i++) pl->alibi[i] = pl->alibi[i % h];
-        }
-    } else if (in->alibi_slopes) {
-        return al_error(AL_ERR_ARG, "attention: alibi_slopes given but core_attention_bias_type is not alibi");
-    }
+    const int64_t b = p->b, h = p->h, sq = p->sq, skv = p->skv;
+    if (!B) return al_error(AL_ERR_ARG, "attention: core_attention_bias_type=%s needs core_attention_bias",
+                            p->bias_type == 1 ? "pre_scale_bias" : "post_scale_bias");
+    AL_TRY(check_float("core_attention_bias", B));
+    if (B->ndim != 4 || (B->size[0] != b && B->size[0] != 1) || (B->size[1] != h && B->size[1] != 1) ||
+        (B->size[2] != sq && B->size[2] != 1) || B->size[3] != skv)
+        return al_error(AL_ERR_ARG, "attention: core_attention_bias must be [b|1, h|1, sq|1, skv] = one of bhss, 1hss, "
+                        "b1ss, 11ss, 111s with b=%lld h=%lld sq=%lld skv=%lld, got %s", (long long)b, (long long)h,
+                        (long long)sq, (long long)skv, al_tensor_describe(B, b1, sizeof b1));
+    if (B->size[2] == 1 && (B->size[0] != 1 || B->size[1] != 1) && sq != 1)
+        return al_error(AL_ERR_ARG, "attention: core_attention_bias with sq extent 1 must be 111s ([1,1,1,skv]), got %s",
+                        al_tensor_describe(B, b1, sizeof b1));
+    if (B->device_type != pl->in.q->device_type) return al_error(AL_ERR_ARG, "attention: core_attention_bias must be on q's device");
+    int64_t want[4] = {b, h, sq, skv};
+    AL_TRY(broadcast4("core_attention_bias", B, want, pl->bias_stride));
+    pl->bias_offset = B->offset;
+    pl->has_grad_bias = 1;
+    return AL_OK;
+}
 
-    /* softmax */
-    if (p->softmax_type != AL_ATTN_SOFTMAX_VANILLA) {
-        pl->softmax_offset = calloc((size_t)h, sizeof(double));
-        if (!pl->softmax_offset) return al_error(AL_ERR_OOM, "attention: out of memory");
-        if (p->softmax_type == AL_ATTN_SOFTMAX_LEARNABLE) {
-            const al_tensor *o = in->softmax_offset;
-            if (!o) return al_error(AL_ERR_ARG, "attention: softmax_type=learnable needs softmax_offset [h]");
-            AL_TRY(check_float("softmax_offset", o));
-            int ok = (o->ndim == 1 && o->size[0] == h) || (o->ndim == 4 && o->size[0] == 1 && o->size[1] == h &&
-                                                          o->size[2] == 1 && o->size[3] == 1);
-            if (!ok) return al_error(AL_ERR_ARG, "attention: softmax_offset must be [h] = [%lld], got %s", (long long)h,
-                                     al_tensor_describe(o, b1, sizeof b1));
-            double *d = malloc(sizeof(double) * (size_t)h);
-            if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
-            st = al_tensor_read_f64(o, d, h);
-            if (st != AL_OK) { free(d); return al_error_prefix(st, "attention"); }
-            for (int64_t i = 0; i < h; i++) pl->softmax_offset[i] = d[i];
-            free(d);
-        }
+/* ALiBi's slopes, [b * h] f32: alibi_slopes ([h] or [b, h]) or TE's defaults */
+static al_status plan_alibi(al_attn_plan *pl) {
+    const al_attn_params *p = &pl->p;
+    const al_tensor *s = pl->in.alibi_slopes;
+    char b1[96];
+    if (p->bias_type != AL_ATTN_BIAS_ALIBI) {
+        if (s) return al_error(AL_ERR_ARG, "attention: alibi_slopes given but core_attention_bias_type is not alibi");
+        return AL_OK;
     }
+    const int64_t b = p->b, h = p->h;
+    /* room for h default slopes even when b = 0 (al_attn_default_alibi_slopes writes h; found by fuzz_attn_args) */
+    pl->alibi = malloc(sizeof(float) * (size_t)((b > 1 ? b : 1) * (h > 0 ? h : 1)));
+    if (!pl->alibi) return al_error(AL_ERR_OOM, "attention: out of memory");
+    if (!s) {
+        al_attn_default_alibi_slopes(h, pl->alibi);
+        for (int64_t i = h; i < b * h; i++) pl->alibi[i] = pl->alibi[i % h];
+        return AL_OK;
+    }
+    AL_TRY(al_check_tensor("attention", "alibi_slopes", s));
+    if (s->dtype != AL_DTYPE_F32)
+        return al_error(AL_ERR_ARG, "attention: alibi_slopes must be f32, got %s", al_tensor_describe(s, b1, sizeof b1));
+    int per_batch = s->ndim == 2 && s->size[0] == b && s->size[1] == h;
+    if (!(s->ndim == 1 && s->size[0] == h) && !per_batch)
+        return al_error(AL_ERR_ARG, "attention: alibi_slopes must be [h] or [b, h] = [%lld] or [%lld, %lld], got %s",
+                        (long long)h, (long long)b, (long long)h, al_tensor_describe(s, b1, sizeof b1));
+    /* [h] slopes are read whole even when b = 0 (a heap overflow before; found by fuzz_attn_args) */
+    double *d = malloc(sizeof(double) * (size_t)((b > 1 ? b : 1) * h));
+    if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
+    const al_status st = al_tensor_read_f64(s, d, per_batch ? b * h : h);
+    if (st != AL_OK) { free(d); return al_error_prefix(st, "attention"); }
+    for (int64_t i = 0; i < b * h; i++) pl->alibi[i] = (float)d[per_batch ? i : i % h];
+    free(d);
+    return AL_OK;
+}
+
+/* the softmax's offsets per head: 0 (off-by-one) or softmax_offset (learnable); none for vanilla */
+static al_status plan_softmax(al_attn_plan *pl) {
+    const al_attn_params *p = &pl->p;
+    const int64_t h = p->h;
+    char b1[96];
+    if (p->softmax_type == AL_ATTN_SOFTMAX_VANILLA) return AL_OK;
+    pl->softmax_offset = calloc((size_t)h, sizeof(double));
+    if (!pl->softmax_offset) return al_error(AL_ERR_OOM, "attention: out of memory");
+    if (p->softmax_type != AL_ATTN_SOFTMAX_LEARNABLE) return AL_OK;
+    const al_tensor *o = pl->in.softmax_offset;
+    if (!o) return al_error(AL_ERR_ARG, "attention: softmax_type=learnable needs softmax_offset [h]");
+    AL_TRY(check_float("softmax_offset", o));
+    int ok = (o->ndim == 1 && o->size[0] == h) || (o->ndim == 4 && o->size[0] == 1 && o->size[1] == h &&
+                                                  o->size[2] == 1 && o->size[3] == 1);
+    if (!ok) return al_error(AL_ERR_ARG, "attention: softmax_offset must be [h] = [%lld], got %s", (long long)h,
+                             al_tensor_describe(o, b1, sizeof b1));
+    double *d = malloc(sizeof(double) * (size_t)h);
+    if (!d) return al_error(AL_ERR_OOM, "attention: out of memory");
+    const al_status st = al_tensor_read_f64(o, d, h);
+    if (st != AL_OK) { free(d); return al_error_prefix(st, "attention"); }
+    for (int64_t i = 0; i < h; i++) pl->softmax_offset[i] = d[i];
+    free(d);
+    return AL_OK;
+}
+
+static al_status plan_build_inner(al_attn_plan *pl) {
+    al_attn_params *p = &pl->p;
+    AL_TRY(plan_check_codes(pl));
+    AL_TRY(plan_shapes(pl));
+    AL_TRY(plan_seqlens(pl));
+    AL_TRY(plan_masks(pl));
+    AL_TRY(plan_bias(pl));
+    AL_TRY(plan_alibi(pl));
+    AL_TRY(plan_softmax(pl));
     AL_TRY(check_fp8(pl));
     AL_TRY(check_variant(pl));
-    if (p->softmax_scale == 0.0) p->softmax_scale = 1.0 / sqrt((double)dqk);
+    if (p->softmax_scale == 0.0) p->softmax_scale = 1.0 / sqrt((double)p->d_qk);
     if (!isfinite(p->softmax_scale))
         return al_error(AL_ERR_ARG, "attention: softmax_scale must be finite, got %g", p->softmax_scale);
     return AL_OK;
