@@ -52,8 +52,8 @@ static inline int al_flash_sm90_consumers_env(void) {
  * SMs, sooner than two: a grid runs in waves of one CTA per SM (neither kernel fits two), a wave costs its tile's
  * rows (x AL_FLASH_SM90_C3_ROW_COST for 192), and a partly filled last wave costs a whole one. At 16 heads x 4096
  * on 132 SMs two consumers fill 4 / 8 / 16 waves at b = 1 / 2 / 4 and three 3 / 6 / 11, so three pay from b = 4
- * (at 8192 from b = 2, at 16384 from b = 1); at b = 1 and 2 (2.7 and 5.3 waves of 192) the last wave is mostly
- * idle, and there two consumers measured faster. */
+ * (at 8192 from b = 2, at 16384 from b = 1); at b = 1 and 2 (2.7 and 5.3 waves of 192) a third of the last wave
+ * idles, and there two consumers measured as fast or faster. */
 static inline int al_flash_sm90_c3_pays(int64_t sq, int64_t hb, int sms) {
     if (sq <= 0 || hb <= 0 || sms <= 0) return 0;
     const int64_t w2 = ((sq + 127) / 128 * hb + sms - 1) / sms;
