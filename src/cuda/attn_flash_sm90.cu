@@ -279,10 +279,12 @@ al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_fl
         s3.fwd_consumers = 3;
         s2.fwd_consumers = 0;
         s2.fwd_row0 = 1;
+        int64_t gx[2];
+        al_flash_sm90_split_grid(p->sq, r3, gx);
         int launched = 0;
-        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s3, r3 / 192, 0, &launched, prof));
+        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s3, gx[0], 0, &launched, prof));
         if (!launched) return AL_OK;
-        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s2, (p->sq - r3 + 127) / 128, (int)r3, &launched, NULL));
+        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s2, gx[1], (int)r3, &launched, NULL));
         if (!launched)   /* cannot happen: both maps describe the same tensors */
             return al_error(AL_ERR_CUDA, "the split Hopper forward's second launch found strides TMA cannot describe");
         *done = 1;

@@ -85,6 +85,12 @@ static inline int64_t al_flash_sm90_c3_rows(int64_t sq, int64_t hb, int sms) {
     }
     return r3;
 }
+/* The split grid's two launches for r3 (0 < r3 < sq, a multiple of 192): gx[0] blocks of 192 rows from row 0, then
+ * gx[1] blocks of 128 from row r3 (the last one cut at sq) */
+static inline void al_flash_sm90_split_grid(int64_t sq, int64_t r3, int64_t gx[2]) {
+    gx[0] = r3 / 192;
+    gx[1] = (sq - r3 + 127) / 128;
+}
 /* ATTNLAB_FLASH_SM90_CONSUMERS=split: 1 (the split grid above where it applies), else 0 */
 static inline int al_flash_sm90_split_env(void) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");

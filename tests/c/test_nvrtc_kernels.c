@@ -347,6 +347,24 @@ static void test_fwd_c3_shapes(void) {
         CHECK(got % 192 == 0 || got == R3[k].sq, "al_flash_sm90_c3_rows: %lld rows is no whole number of 192-row blocks",
               (long long)got);
     }
+    /* the two launches cover every row once: [0, r3) in 192-row blocks, [r3, sq) in 128-row blocks from r3, for
+     * every split the model picks over a range of shapes and SM counts */
+    int covered_ok = 1, nsplit = 0;
+    for (int64_t sq = 192; sq <= 9000 && covered_ok; sq += 193)
+        for (int sms = 60; sms <= 144 && covered_ok; sms += 12)
+            for (int64_t hb = 1; hb <= 64 && covered_ok; hb *= 4) {
+                const int64_t r3 = al_flash_sm90_c3_rows(sq, hb, sms);
+                if (r3 <= 0 || r3 >= sq) continue;
+                nsplit++;
+                int64_t gx[2];
+                al_flash_sm90_split_grid(sq, r3, gx);
+                /* launch 1: block m covers [192 m, 192 m + 192); launch 2: [r3 + 128 m, min(sq, r3 + 128 m + 128)) */
+                const int64_t end1 = 192 * gx[0], start2 = r3, last2 = r3 + 128 * (gx[1] - 1);
+                covered_ok = r3 % 192 == 0 && end1 == start2 && last2 < sq && last2 + 128 >= sq && gx[0] > 0 && gx[1] > 0;
+                CHECK(covered_ok, "split grid sq %lld, b x h %lld, %d SMs: r3 %lld, %lld + %lld blocks do not tile the rows",
+                      (long long)sq, (long long)hb, sms, (long long)r3, (long long)gx[0], (long long)gx[1]);
+            }
+    CHECK(nsplit > 20, "only %d shapes split: the coverage check saw too few", nsplit);
     setenv("ATTNLAB_FLASH_SM90_CONSUMERS", "split", 1);
     CHECK(al_flash_sm90_split_env() == 1 && al_flash_sm90_consumers_env() == 0, "ATTNLAB_FLASH_SM90_CONSUMERS=split");
     setenv("ATTNLAB_FLASH_SM90_CONSUMERS", "3", 1);
