@@ -54,16 +54,18 @@ static al_flash_spec sm90_spec(const al_attn_plan *pl) {
 
 /* the forward's: three consumers (flash_sm90_specs.h) where ATTNLAB_FLASH_SM90_CONSUMERS=3 asks, or, without it set,
  * for a score_mod that uses the MUFU (al_attn_variant.score_mufu) where the grid's waves favour them
- * (al_flash_sm90_c3_pays); and only where their 64-key tiles fit, i.e. d <= 128, and a block mask's blocks are whole
- * tiles wide and its rows list in the kernel's shared memory (any block_m: the 192-row tiles combine the block rows
- * they span). Elsewhere the default two serve the call. */
+ * (al_flash_sm90_c3_pays) and the grid is what was measured: no built-in mask, no block mask (the plain causal
+ * kernel lost 12% with three consumers, a causal soft-capped one is untimed); and only where their 64-key tiles
+ * fit, i.e. d <= 128, and a block mask's blocks are whole tiles wide and its rows list in the kernel's shared memory
+ * (any block_m: the 192-row tiles combine the block rows they span). Elsewhere the default two serve the call. */
 static al_flash_spec sm90_fwd_spec(const al_attn_plan *pl) {
     al_flash_spec s = sm90_spec(pl);
     const al_attn_variant *v = pl->in.variant;
     const al_attn_params *p = &pl->p;
     const int env = al_flash_sm90_consumers_env();
     const int want = env ? env
-                   : v && v->score_mufu && al_flash_sm90_c3_pays(p->sq, p->h * p->b, al_cu_sm_count[pl->in.q->device_index])
+                   : v && v->score_mufu && !v->block_mask && s.mask == AL_FLASH_MASK_NONE &&
+                             al_flash_sm90_c3_pays(p->sq, p->h * p->b, al_cu_sm_count[pl->in.q->device_index])
                    ? 3 : 2;
     const int bn = al_flash_sm90_c3_bn(s.d);
     if (want == 3 && bn > 0 &&

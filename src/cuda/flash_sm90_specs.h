@@ -37,8 +37,8 @@ typedef struct al_flash_sm90_tiles {
  * 128 x 128 too: -DAL_SM90_BM_SPAN=1, a 192-row tile's kind combines the block rows it spans); at most
  * AL_FLASH_SM90_BM_LIST key tiles of 64 (s_kv <= 65536). The host's forward spec (attn_flash_sm90.cu,
  * sm90_fwd_spec) decides, into al_flash_spec.fwd_consumers: ATTNLAB_FLASH_SM90_CONSUMERS=2 or 3 when set (this reads
- * it: 0 when unset or anything else), else three for a score_mod that uses the MUFU (al_attn_variant.score_mufu)
- * where al_flash_sm90_c3_pays. */
+ * it: 0 when unset or anything else), else three for a score_mod that uses the MUFU (al_attn_variant.score_mufu),
+ * without a mask or block mask, where al_flash_sm90_c3_pays. */
 static inline int al_flash_sm90_consumers_env(void) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");
     if (!e) return 0;
