@@ -335,7 +335,7 @@ notebook: all
 # folder), works without ATTNLAB_* variables. tests/spec/install_spec.lua checks both.
 LUADIR := $(PREFIX)/share/lua/5.1
 install: all
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LUADIR)/attnlab/variants \
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(LUADIR)/attnlab/variants $(DESTDIR)$(LUADIR)/attnlab/cp \
 		$(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(ALL_LIBS) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/attnlab.h $(DESTDIR)$(PREFIX)/include/
@@ -343,6 +343,7 @@ install: all
 	install -m 644 kernels/*.cu kernels/*.cuh kernels/*.h $(DESTDIR)$(PREFIX)/share/attnlab/kernels/
 	install -m 644 lua/attnlab/*.lua $(DESTDIR)$(LUADIR)/attnlab/
 	install -m 644 lua/attnlab/variants/*.lua $(DESTDIR)$(LUADIR)/attnlab/variants/
+	install -m 644 lua/attnlab/cp/*.lua $(DESTDIR)$(LUADIR)/attnlab/cp/
 	install -m 644 include/attnlab.h $(DESTDIR)$(LUADIR)/attnlab/
 	printf 'return { libdir = "%s", header = "%s", kernel_dir = "%s" }\n' "$(PREFIX)/lib" \
 		"$(PREFIX)/include/attnlab.h" "$(PREFIX)/share/attnlab/kernels" > $(DESTDIR)$(LUADIR)/attnlab/config.lua

@@ -283,7 +283,7 @@ al_status al_cuda_set_stream(int32_t device_index, al_cuda_stream *s);
 al_cuda_stream *al_cuda_get_stream(int32_t device_index);
 /* *stream = the cudaStream_t that this thread's work on a device goes to (the current stream, or the
  * plugin's own default stream, which is not CUDA's stream 0), for handing to other CUDA libraries
- * (NCCL in lua/attnlab/cp.lua). Also makes device_index the thread's current CUDA device. */
+ * (NCCL in lua/attnlab/cp/nccl.lua). Also makes device_index the thread's current CUDA device. */
 al_status al_cuda_raw_stream(int32_t device_index, void **stream);
 al_status al_cuda_stream_synchronize(al_cuda_stream *s);
 /* *done = 1 when all work queued on s has finished. */
