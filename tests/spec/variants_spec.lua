@@ -1048,8 +1048,8 @@ describe("variants on the GPU #gpu", function()
     assert(dl < 1e-3, "lse: " .. dl)
     local g_s, g_2 = al.attention.backward(ctx_s, dout), al.attention.backward(ctx_2, dout)
     for _, k in ipairs({ "query_layer", "key_layer", "value_layer" }) do
-      local d = al.max_abs_diff(g_s[k], g_2[k])
-      assert(d < 2e-2, k .. ": " .. d)
+      local d, m = al.max_abs_diff(g_s[k], g_2[k]), g_2[k]:cpu():to("f64"):abs():amax():item()
+      assert(d < 2e-2 * math.max(1, m), k .. ": " .. d .. " (largest " .. m .. ")")
     end
   end)
 
