@@ -1,22 +1,40 @@
 #!/bin/sh
-# One GPU-machine session: build, every C test and spec (each spec file in its own process), the
-# benchmarks given as arguments; logs under $OUT (or /tmp/gpu-out). Usage from the repo root:
-#   . .gpu-deps/env.sh && sh scripts/gpu_session.sh [bench/x.lua ...]
+# One GPU-machine session: build, every C test and spec (each spec file in its own process, JOBS at a time),
+# then the benchmarks given as arguments (each a command line for luajit, e.g. "bench/variants.lua --only 1");
+# logs under $OUT (or /tmp/gpu-out). Usage from the repo root:
+#   . .gpu-deps/env.sh && sh scripts/gpu_session.sh ["bench/x.lua --flag" ...]
+# JOBS (default 4): suites run at once, so the whole suite fits one 10-minute device call (the GPU has the
+# memory; each suite still gets the GPU to itself for its timing-free checks). SPECS: spec files to run
+# (default all); WITH_NVRTC=1 adds test_nvrtc_kernels (minutes of NVRTC compiles, no GPU needed).
 OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
+JOBS=${JOBS:-4}
+mkdir -p "$OUT/suites"
+rm -f "$OUT"/suites/*.log
 make -j16 all > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 grep -E "attnlab:" "$OUT/build.log"
 export ATTNLAB_LIBDIR="$PWD/lib" LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;${LUA_PATH:-;}"
-log="$OUT/test.log"; : > "$log"
 make -j16 $(ls tests/c/test_*.c | sed 's|tests/c/\(.*\)\.c|build/tests/\1|') >> "$OUT/build.log" 2>&1
+[ -n "$WITH_NVRTC" ] && make build/variant_snippets.txt >> "$OUT/build.log" 2>&1
+# one line per suite: "NAME<TAB>COMMAND"; each runs with its own log, in parallel, and the logs are joined in
+# this order afterwards (tally.sh counts a crash without a report as a failure of that suite)
+list="$OUT/suites.txt"
+: > "$list"
 for t in build/tests/test_*; do
   case "$t" in *nvrtc*) [ -n "$WITH_NVRTC" ] || continue ;; esac
-  timeout 300 sh scripts/tally.sh run "$log" "$t" > /dev/null 2>&1
+  printf '%s\t%s\n' "$(basename "$t")" "$t" >> "$list"
 done
 for f in ${SPECS:-tests/spec/*_spec.lua}; do
-  echo "== $f" >> "$log"
-  timeout 300 sh scripts/tally.sh run "$log" env $BUSTED -o tests/spec/summary.lua "$f" > /dev/null 2>&1
+  printf '%s\tenv %s -o tests/spec/summary.lua %s\n' "$(basename "$f" .lua)" "$BUSTED" "$f" >> "$list"
 done
+export OUT
+tr '\n' '\0' < "$list" | xargs -0 -P "$JOBS" -I{} sh -c '
+  name=$(printf "%s" "$1" | cut -f1); cmd=$(printf "%s" "$1" | cut -f2-)
+  { echo "== $name"; sh scripts/tally.sh run "$OUT/suites/$name.log.part" timeout 300 $cmd > /dev/null 2>&1; \
+    cat "$OUT/suites/$name.log.part"; } > "$OUT/suites/$name.log" 2>&1
+  rm -f "$OUT/suites/$name.log.part"' _ {}
+log="$OUT/test.log"
+: > "$log"
+cut -f1 "$list" | while read -r name; do cat "$OUT/suites/$name.log" >> "$log" 2>/dev/null; done
 awk '/^== /{f=$2} /passed, [0-9]+ failed/{ if ($0 !~ / 0 failed/) print f": "$0 }' "$log" | head -40
 sh scripts/tally.sh "$log"
-for b in "$@"; do echo "== $b"; timeout 300 luajit "$b" 2>&1 | tail -40; done
+for b in "$@"; do echo "== $b"; timeout 300 luajit $b 2>&1 | tail -60; done
