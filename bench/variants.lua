@@ -182,7 +182,11 @@ if section(1) then
         { nil, C3, "plain, fwd three consumers" },
         { sc, C3, "softcap 30, fwd three consumers" },
         { sc, plus(C3, VD, "AL_TANH_FMA_EVERY=4"), "softcap 30, fwd c3 + tanh FMA k=4" },
-        { sc, plus(C3, VD, "AL_SM90_PIPE=0"), "softcap 30, fwd c3 without S/O overlap" } }) do
+        { sc, plus(C3, VD, "AL_SM90_PIPE=0"), "softcap 30, fwd c3 without S/O overlap" },
+        -- every k-th column group's exponentials on the FMA pipe (8 by default, chosen with two consumers in
+        -- session 10): with three, the MUFU phase has more cover, so the best k may move
+        { sc, plus(C3, "ATTNLAB_VARIANT_EX2_FMA", "4"), "softcap 30, fwd c3, ex2 FMA k=4" },
+        { sc, plus(C3, "ATTNLAB_VARIANT_EX2_FMA", "16"), "softcap 30, fwd c3, ex2 FMA k=16" } }) do
         local c = with(a, { score_mod = x[1] })
         ENV[c] = x[2]
         configs[#configs + 1], names[#names + 1] = c, x[3]
