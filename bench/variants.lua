@@ -177,6 +177,8 @@ if section(1) then
         { sc, plus(C2, VD, "AL_SM90_PINGPONG=0"), "softcap 30, c2 without ping-pong" },
         { sc, plus(C2, VD, "AL_SM90_PIPE=0"), "softcap 30, c2 without S/O overlap" },
         { sc, plus(C2, VD, "AL_TANH_FMA_EVERY=4"), "softcap 30, c2 tanh FMA-pipe k=4" },
+        { sc, plus(C2, VD, "AL_BWD_EX2_FMA_EVERY=8"), "softcap 30, bwd ex2 FMA-pipe k=8" },
+        { sc, plus(C2, VD, "AL_BWD_EX2_FMA_EVERY=4"), "softcap 30, bwd ex2 FMA-pipe k=4" },
         -- the three-consumer forward forced (BM = 192, 64-key tiles), plain and soft-capped, and soft-capped with the
         -- tanh FMA-pipe switch or without the S/O overlap beside it
         { nil, C3, "plain, fwd three consumers" },

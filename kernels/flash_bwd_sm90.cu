@@ -142,6 +142,13 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
 #ifndef AL_SM90_LEAN_MOD
 #define AL_SM90_LEAN_MOD 1
 #endif
+/* AL_BWD_EX2_FMA_EVERY k (an experiment, 0 = off; ATTNLAB_VARIANT_DEFINES): the lean path computes the
+ * exponentials of every k-th n8 column group with al_ex2_fma (FMA pipe) instead of ex2.approx (MUFU), as the
+ * forward's AL_EX2_FMA_EVERY: a soft-capped element costs the backward a tanh and an exponential on the MUFU in
+ * each of its two kernels, against the plain path's exponential alone. */
+#ifndef AL_BWD_EX2_FMA_EVERY
+#define AL_BWD_EX2_FMA_EVERY 0
+#endif
 #if AL_VARIANT && (AL_HAS_CAPTURE_GRAD || (AL_HAS_SCORE_MOD && !(AL_SM90_LEAN_MOD && AL_BF16)))
 #define B90_SLICED 1
 #else
@@ -945,7 +952,9 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
                     /* one tanh / exp for both: the logit is AL_SCORE_MOD(raw * scale) (AL_FL_BACKWARD) */
                     const float raw = sc[t * 4 + e];
-                    const float pv = al_ex2(al_fl_logit2(sm, raw, p.scale, sl2, 0.0f, qi, kj) - l2);
+                    const float x2 = al_fl_logit2(sm, raw, p.scale, sl2, 0.0f, qi, kj) - l2;
+                    const float pv = AL_BWD_EX2_FMA_EVERY > 0 && t % (AL_BWD_EX2_FMA_EVERY > 0 ? AL_BWD_EX2_FMA_EVERY : 1) == 0
+                                         ? al_ex2_fma(x2) : al_ex2(x2);
                     const float fv = AL_SCORE_MOD_GRAD(1.0f, raw * p.scale, sm.b, sm.h, min(qi, sm.q_len - 1),
                                                        min(kj, sm.kv_len - 1));
 #if AL_SM90_ROLE == 0

@@ -41,7 +41,7 @@ emit("softcap+relative_bias+document", function(score, b, h, q, kv) return soft(
   doc, true)
 -- the kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua): the sliced
 -- score_mod backward (the lean one is the default, compiled by the rows above), the forward without ping-pong, the
--- FMA-pipe tanh, so that CI compiles them (no spills, no serialised wgmma)
+-- FMA-pipe tanh, the lean backward's FMA-pipe exponentials, so that CI compiles them (no spills, no serialised wgmma)
 local ffi = require "ffi"
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=0 AL_SM90_PINGPONG=0", 1)
@@ -50,4 +50,6 @@ emit("alibi[sliced,pp0]", EX.alibi.score_mod, nil, false)
 emit("softcap+document[sliced,pp0]", soft, doc, true)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4", 1)
 emit("softcap[tanhfma4]", soft, nil, false)
+ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_BWD_EX2_FMA_EVERY=4", 1)
+emit("softcap+document[bwdex2fma4]", soft, doc, true)
 ffi.C.unsetenv("ATTNLAB_VARIANT_DEFINES")

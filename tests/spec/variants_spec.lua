@@ -187,7 +187,7 @@ describe("variants: tracer and code generation", function()
       with_env("ATTNLAB_VARIANT_DEFINES", bad, function()
         local e = err_of(src, sc)
         assert.truthy(e:find("ATTNLAB_VARIANT_DEFINES", 1, true) and e:find("'" .. bad .. "'", 1, true), e)
-        assert.truthy(e:find("AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE, AL_TANH_FMA_EVERY", 1, true), e)
+        assert.truthy(e:find("AL_BWD_EX2_FMA_EVERY, AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE, AL_TANH_FMA_EVERY", 1, true), e)
       end)
     end
   end)
@@ -891,9 +891,9 @@ describe("variants on the GPU #gpu", function()
   -- The kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES): the sliced score_mod backward
   -- (AL_SM90_LEAN_MOD=0; the lean one is the default, checked by the default rows above: soft-capping, ALiBi through
   -- a capture read, soft-capping beside a block-masked document mask_mod, GQA, d = 64 and 128; a capture gradient
-  -- keeps the sliced path), the forward without ping-pong or without the S / O overlap, and its FMA-pipe tanh in
-  -- every other column group, each against the CPU oracle
-  for _, defs in ipairs({ "AL_SM90_LEAN_MOD=0", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0", "AL_TANH_FMA_EVERY=2" }) do
+  -- keeps the sliced path), the forward without ping-pong or without the S / O overlap, its FMA-pipe tanh in every
+  -- other column group, and the lean backward's FMA-pipe exponentials in every fourth, each against the CPU oracle
+  for _, defs in ipairs({ "AL_SM90_LEAN_MOD=0", "AL_BWD_EX2_FMA_EVERY=4", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0", "AL_TANH_FMA_EVERY=2" }) do
     it("[ATTNLAB_VARIANT_DEFINES=" .. defs .. "] score_mod variants: flash (bf16) == CPU oracle, forward and backward",
        function()
       if not HAS_GPU then pending("no GPU") return end
