@@ -527,7 +527,8 @@ typedef struct al_attn_variant {
     /* 1 = score_mod evaluates a multi-function-unit op per element (tanh, exp, log, sqrt: the Lua front end says
      * so), 0 = not, or not known. A hint for speed only, results do not depend on it: on sm_90 the flash backend's
      * forward then runs three consumer warpgroups (192-row tiles, each softmax under two others' products) where
-     * the grid's waves favour them (docs/FLASH.md; ATTNLAB_FLASH_SM90_CONSUMERS=2 / 3 overrides). */
+     * the grid's waves favour them, without a mask or block mask (docs/FLASH.md; ATTNLAB_FLASH_SM90_CONSUMERS=2 /
+     * 3 / split overrides). */
     int32_t score_mufu;
 } al_attn_variant;
 
