@@ -259,6 +259,9 @@ int32_t al_cuda_device_count(void);
 /* Name, compute capability and memory of a device. */
 al_status al_cuda_device_info(int32_t device_index, char *name, int32_t name_len, int32_t *cc_major,
                               int32_t *cc_minor, int64_t *total_mem);
+/* What a kernel's launch shape meets on a device: streaming multiprocessors (one wave of a one-CTA-per-SM grid),
+ * L2 bytes, and the shared memory a block may opt in to. Any pointer may be NULL. */
+al_status al_cuda_device_attrs(int32_t device_index, int32_t *sm_count, int64_t *l2_bytes, int32_t *smem_per_block_optin);
 al_status al_cuda_synchronize(int32_t device_index);
 /* Bytes held by the caching allocator (in use + cached free blocks), and a way to return the cache. */
 int64_t al_cuda_memory_reserved(int32_t device_index);

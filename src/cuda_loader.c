@@ -95,6 +95,11 @@ al_status al_cuda_device_info(int32_t device_index, char *name, int32_t name_len
     return al_cuda_api_get()->device_info(device_index, name, name_len, cc_major, cc_minor, total_mem);
 }
 
+al_status al_cuda_device_attrs(int32_t device_index, int32_t *sm_count, int64_t *l2_bytes, int32_t *smem_per_block_optin) {
+    AL_TRY(al_cuda_check_device("cuda.device_attrs", device_index));
+    return al_cuda_api_get()->device_attrs(device_index, sm_count, l2_bytes, smem_per_block_optin);
+}
+
 int64_t al_cuda_backend_info(const char *backend, char *buf, int64_t n) {
     if (buf && n > 0) buf[0] = 0;
     int32_t which = backend && strcmp(backend, "fused") == 0 ? 0 : backend && strcmp(backend, "flash") == 0 ? 1 : -1;

@@ -17,7 +17,7 @@
 #include "attnlab.h"
 #include "numeric/fp8_delayed.h"
 
-#define AL_CUDA_ABI_VERSION 5
+#define AL_CUDA_ABI_VERSION 6
 
 typedef struct al_cuda_api {
     int32_t abi_version;                 /* AL_CUDA_ABI_VERSION */
@@ -27,6 +27,7 @@ typedef struct al_cuda_api {
     al_status (*device_info)(int32_t dev, char *name, int32_t name_len, int32_t *cc_major,
                              int32_t *cc_minor, int64_t *total_mem);
     al_status (*synchronize)(int32_t dev);
+    al_status (*device_attrs)(int32_t dev, int32_t *sm_count, int64_t *l2_bytes, int32_t *smem_per_block_optin);
 
     /* memory: a caching allocator (freed blocks are kept per size class; no cudaFree on the hot path) */
     /* malloc serves the block from the pool of the calling thread's current stream; free returns it to

@@ -692,11 +692,16 @@ function cuda.synchronize(idx)
   check(C.al_cuda_synchronize(idx or 0), "cuda.synchronize")
 end
 
+-- al.cuda.device_info(idx) -> {name, capability = {major, minor}, total_memory (bytes), multiprocessors (SMs:
+-- one wave of a one-CTA-per-SM grid), l2_bytes, smem_per_block_optin (bytes a block may opt in to)}
 function cuda.device_info(idx)
   local name = ffi.new("char[256]")
   local ma, mi, mem = ffi.new("int32_t[1]"), ffi.new("int32_t[1]"), ffi.new("int64_t[1]")
   check(C.al_cuda_device_info(idx or 0, name, 256, ma, mi, mem), "cuda.device_info")
-  return { name = ffi.string(name), capability = { ma[0], mi[0] }, total_memory = tonumber(mem[0]) }
+  local sms, l2, smem = ffi.new("int32_t[1]"), ffi.new("int64_t[1]"), ffi.new("int32_t[1]")
+  check(C.al_cuda_device_attrs(idx or 0, sms, l2, smem), "cuda.device_info")
+  return { name = ffi.string(name), capability = { ma[0], mi[0] }, total_memory = tonumber(mem[0]),
+    multiprocessors = sms[0], l2_bytes = tonumber(l2[0]), smem_per_block_optin = smem[0] }
 end
 
 function cuda.memory_reserved(idx) return tonumber(C.al_cuda_memory_reserved(idx or 0)) end

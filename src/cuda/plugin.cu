@@ -36,6 +36,19 @@ static al_status device_info(int32_t dev, char *name, int32_t name_len, int32_t 
     return AL_OK;
 }
 
+/* SM count and L2 as read at init (the launch code's table); the opt-in shared memory per block from CUDA */
+static al_status device_attrs(int32_t dev, int32_t *sm_count, int64_t *l2_bytes, int32_t *smem_per_block_optin) {
+    AL_TRY(al_cu_check_dev("cuda.device_attrs", dev));
+    if (sm_count) *sm_count = al_cu_sm_count[dev];
+    if (l2_bytes) *l2_bytes = al_cu_l2_bytes[dev];
+    if (smem_per_block_optin) {
+        int v = 0;
+        AL_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        *smem_per_block_optin = v;
+    }
+    return AL_OK;
+}
+
 /* the backends' info functions (attn_fused.cu, attn_flash.cu), for al_cuda_backend_info */
 extern "C" int64_t al_fused_info(char *buf, int64_t n);
 extern "C" int64_t al_flash_info(char *buf, int64_t n);
@@ -77,6 +90,7 @@ extern "C" __attribute__((visibility("default"))) al_status al_cuda_plugin_init(
     api->abi_version = AL_CUDA_ABI_VERSION;
     api->device_count = device_count;
     api->device_info = device_info;
+    api->device_attrs = device_attrs;
     api->synchronize = al_cu_synchronize;
     api->malloc = al_cu_malloc;
     api->free = al_cu_free_on;

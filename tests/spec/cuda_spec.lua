@@ -108,6 +108,12 @@ describe("cuda #gpu", function()
     assert.is_true(n >= 1)
     local info = al.cuda.device_info(0)
     assert.is_true(#info.name > 0 and info.total_memory > 0)
+    -- what launch shapes meet: every CUDA GPU has SMs and L2; sm_70 and later let a block opt in to 96 KB or more
+    assert.is_true(info.multiprocessors >= 1 and info.l2_bytes > 0, tostring(info.multiprocessors) .. " / " .. info.l2_bytes)
+    if info.capability[1] >= 7 then assert.is_true(info.smem_per_block_optin >= 96 * 1024) end
+    if info.name:find("H100 80GB HBM3", 1, true) or info.name:find("H200", 1, true) then
+      assert.equal(132, info.multiprocessors)
+    end
     local ok, err = pcall(al.randn, { 2, 2 }, { device = "cuda:" .. n })
     assert.is_false(ok)
     assert.truthy(tostring(err):find("cuda:" .. n, 1, true), tostring(err))

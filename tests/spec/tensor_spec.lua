@@ -306,8 +306,17 @@ describe("the FFI boundary", function()
       local okc, err = pcall(al.zeros, {2}, {device = "cuda"})
       assert.is_false(okc)
       assert.matches("CUDA is not available", err)
+      -- device_info (and its launch attributes) is an error that says why, not a crash
+      local oki, erri = pcall(al.cuda.device_info, 0)
+      assert.is_false(oki)
+      assert.truthy(tostring(erri):find("cuda.device_info", 1, true) and tostring(erri):find("not available", 1, true), erri)
     else
       assert.is_true(al.cuda.device_count() >= 1)
+      -- a device index past the last: an error naming it
+      local n = al.cuda.device_count()
+      local oki, erri = pcall(al.cuda.device_info, n)
+      assert.is_false(oki)
+      assert.truthy(tostring(erri):find("cuda:" .. n, 1, true), erri)
     end
   end)
 end)
