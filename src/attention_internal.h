@@ -1,5 +1,6 @@
 /*
- * attention_internal.h — what the attention front door (src/attention.c) hands to a backend.
+ * attention_internal.h — what the attention front door (src/attention.c; its validation: src/attention_plan.c)
+ * hands to a backend.
  *
  * The front door validates an al_attn_params + al_attn_inputs pair and resolves it into an
  * al_attn_plan: every derived extent filled in, the softmax scale, the window and the diagonal
@@ -98,6 +99,15 @@ al_status al_fp8_ds_commit(const al_attn_fp8 *f, int backward, const al_attn_fp8
 /* Register a backend at a preference slot: "fused", "flash", "unfused" (GPU plugins) — the name
  * fixes the slot; the cpu backend is built in. Replaces an earlier registration of the same name. */
 AL_EXPORT al_status al_attn_register_backend(const al_attn_backend *backend);
+
+/* The plan (src/attention_plan.c): p validated against in and resolved into *pl, whose arrays it owns until
+ * al_attn_plan_free (after an error they are freed already). */
+al_status al_attn_plan_build(al_attn_plan *pl, const al_attn_params *p, const al_attn_inputs *in);
+void al_attn_plan_free(al_attn_plan *pl);
+/* Names for messages: "sbhd" / "bshd" / "thd", the mask type's TE name ("?" out of range); 1 for the FP8 dtypes. */
+const char *al_attn_format_name(int32_t f);
+const char *al_attn_mask_name(int32_t m);
+int al_attn_is_fp8_dtype(int32_t d);
 
 /* The CPU backend (src/cpu/attention_fwd.c, attention_bwd.c). */
 al_status al_cpu_attn_forward(const al_attn_plan *plan, al_tensor *out, al_tensor *lse, al_tensor *max_logit);

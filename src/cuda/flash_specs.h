@@ -157,7 +157,7 @@ static inline void al_flash_hooks_set_bounds(al_flash_hooks *hk, int bounded, do
 /* The source text that a variant prepends to flash_fwd.cu / flash_bwd.cu (malloc'd; NULL when out of
  * memory): the prelude, then one #define per given hook (contract in kernels/flash_common.cuh), then
  * a #line that restores the kernel file's own line numbers in NVRTC messages. Snippets are one-line
- * macro bodies: newlines become spaces (attention.c rejects // comments, which would swallow the
+ * macro bodies: newlines become spaces (attention_plan.c rejects // comments, which would swallow the
  * rest). NULL snippets leave the hook at its default. */
 static inline char *al_flash_variant_source(const al_flash_hooks *hk, const char *file) {
     const char *parts[5] = {hk->score_mod, hk->score_grad, hk->mask_mod, hk->capture_grad, hk->score_pre};
