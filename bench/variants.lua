@@ -75,7 +75,22 @@ for i, a in ipairs(arg or {}) do if a == "--only" and arg[i + 1] then only[tonum
 local function section(n) return next(only) == nil or only[n] == true end
 local ITERS, WARMUP = quick and 3 or 10, quick and 1 or 3
 local dev = al.cuda.device_info(0)
-print(string.format("variants bench on %s (sm_%d%d)", dev.name, dev.capability[1], dev.capability[2]))
+print(string.format("variants bench on %s (sm_%d%d, %d SMs)", dev.name, dev.capability[1], dev.capability[2],
+  dev.multiprocessors))
+
+-- The Hopper forward's wave model (src/cuda/flash_sm90_specs.h: al_flash_sm90_c3_pays / c3_rows), printed beside
+-- section 1's rows so that they can be read against it: a wave of 128-row blocks (two consumers) costs 128, of
+-- 192-row blocks (three) 192 x 0.94, a partly filled wave a whole one. Returns the three costs and the split's r3.
+local function wave_model(sq, hb, sms)
+  local function waves(blocks) return math.ceil(blocks / sms) end
+  local c2, c3 = waves(math.ceil(sq / 128) * hb) * 128, waves(math.ceil(sq / 192) * hb) * 192 * 0.94
+  local best, r3 = math.min(c2, c3), c3 < c2 and sq or 0
+  for k = 1, math.ceil(sq / 192) - 1 do
+    local cost = waves(k * hb) * 192 * 0.94 + waves(math.ceil((sq - 192 * k) / 128) * hb) * 128
+    if cost < best then best, r3 = cost, 192 * k end
+  end
+  return c2, c3, best, r3
+end
 
 -- mean milliseconds of fn by CUDA events, over at least ITERS calls and ~30 ms (10 calls of a 0.2 ms
 -- forward were 2 ms: host-side noise showed in the ratios), after WARMUP calls
@@ -154,6 +169,9 @@ if section(1) then
     local s = 4096
     local a = with(inputs(b, H, s, D), { attn_mask_type = "no_mask" })
     local flops = 4 * b * H * s * s * D
+    local c2, c3, best, r3 = wave_model(s, b * H, dev.multiprocessors)
+    print(string.format("  wave model, b=%d: two consumers %.0f, three %.0f (%.3fx), split at %d rows %.0f (%.3fx); " ..
+      "soft-capping's default: %s", b, c2, c3, c3 / c2, r3, best, best / c2, c3 < c2 and "three" or "two"))
     local sc = function(score) return 30 * al.tanh(score / 30) end
     -- the third: the same variant with a running softmax max (its logits' bound [-30, 30] otherwise gives the
     -- forward a fixed one, kernels/flash_fwd_sm90.cu's AL_FL_FIXED_MAX)
