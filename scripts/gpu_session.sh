@@ -8,6 +8,7 @@
 # (default all); WITH_NVRTC=1 adds test_nvrtc_kernels (minutes of NVRTC compiles, no GPU needed).
 OUT=${OUT:-/tmp/gpu-out}
 JOBS=${JOBS:-4}
+: "${BUSTED:?BUSTED is not set: source .gpu-deps/env.sh first (or set it to a busted command line)}"
 mkdir -p "$OUT/suites"
 rm -f "$OUT"/suites/*.log
 make -j16 all > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
