@@ -980,9 +980,11 @@ describe("variants on the GPU #gpu", function()
       end
       return out, table.concat(new, "\n")
     end
-    local function args(b, s, h, f)
-      return { query_layer = rnd({ b, s, h, 128 }, "bf16"), key_layer = rnd({ b, s, h, 128 }, "bf16"),
-        value_layer = rnd({ b, s, h, 128 }, "bf16"), qkv_format = "bshd", attn_mask_type = "no_mask", score_mod = f }
+    -- (where = "cuda" draws the large inputs on the GPU: 63 M elements each, seconds on the host)
+    local function args(b, s, h, f, where)
+      local function r() return al.randn({ b, s, h, 128 }, { dtype = "bf16", device = where }) end
+      return { query_layer = r(), key_layer = r(), value_layer = r(), qkv_format = "bshd", attn_mask_type = "no_mask",
+        score_mod = f }
     end
     local function on_gpu(a, extra)
       local g = copy(a, extra)
@@ -999,7 +1001,7 @@ describe("variants on the GPU #gpu", function()
       local want = al.attention.forward(small)
       assert(al.max_abs_diff(o:cpu():to("f64"), want:to("f64")) < 2e-2)
       for _, f in ipairs({ softcap, slope }) do
-        local big = on_gpu(args(10, 3072, 16, f))
+        local big = on_gpu(args(10, 3072, 16, f, "cuda"))
         local o3, t3 = fwd_lines(big)
         if f == softcap then assert(t3:find("fwd%-sm90 d128 bf16 nomask c3 variant %x+"), t3)
         else
@@ -1026,10 +1028,11 @@ describe("variants on the GPU #gpu", function()
     if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
     local c = 20 + (os.time() % 100000) / 7919 + math.random()
     al.manual_seed(47)
-    local a = { query_layer = rnd({ 1, 4096, 16, 128 }, "bf16"):cuda(), key_layer = rnd({ 1, 4096, 16, 128 }, "bf16"):cuda(),
-      value_layer = rnd({ 1, 4096, 16, 128 }, "bf16"):cuda(), qkv_format = "bshd", attn_mask_type = "no_mask",
+    local function grnd(shape) return al.randn(shape, { dtype = "bf16", device = "cuda" }) end
+    local a = { query_layer = grnd({ 1, 4096, 16, 128 }), key_layer = grnd({ 1, 4096, 16, 128 }),
+      value_layer = grnd({ 1, 4096, 16, 128 }), qkv_format = "bshd", attn_mask_type = "no_mask",
       score_mod = function(score) return c * al.tanh(score / c) end, backend = "flash" }
-    local dout = rnd({ 1, 4096, 16 * 128 }, "bf16"):cuda()
+    local dout = grnd({ 1, 4096, 16 * 128 })
     local before = {}
     for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do before[line] = true end
     local o_s, ctx_s, o_2, ctx_2
