@@ -926,6 +926,13 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if B90_LEAN_MOD && AL_SM90_ROLE == 0
                 float fe[4];
 #endif
+#if B90_LEAN_MOD
+#if AL_BWD_EX2_FMA_EVERY > 0
+                const bool fma_pipe = t % AL_BWD_EX2_FMA_EVERY == 0;   /* (t is a constant once unrolled) */
+#else
+                const bool fma_pipe = false;
+#endif
+#endif
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int orow = own0 + rl + ((e >> 1) << 3), col = c0 + t * 8 + tq * 2 + (e & 1);
@@ -953,8 +960,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                     /* one tanh / exp for both: the logit is AL_SCORE_MOD(raw * scale) (AL_FL_BACKWARD) */
                     const float raw = sc[t * 4 + e];
                     const float x2 = al_fl_logit2(sm, raw, p.scale, sl2, 0.0f, qi, kj) - l2;
-                    const float pv = AL_BWD_EX2_FMA_EVERY > 0 && t % (AL_BWD_EX2_FMA_EVERY > 0 ? AL_BWD_EX2_FMA_EVERY : 1) == 0
-                                         ? al_ex2_fma(x2) : al_ex2(x2);
+                    const float pv = fma_pipe ? al_ex2_fma(x2) : al_ex2(x2);
                     const float fv = AL_SCORE_MOD_GRAD(1.0f, raw * p.scale, sm.b, sm.h, min(qi, sm.q_len - 1),
                                                        min(kj, sm.kv_len - 1));
 #if AL_SM90_ROLE == 0

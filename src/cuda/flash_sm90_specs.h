@@ -54,11 +54,14 @@ static inline int al_flash_sm90_consumers_env(void) {
  * on 132 SMs two consumers fill 4 / 8 / 16 waves at b = 1 / 2 / 4 and three 3 / 6 / 11, so three pay from b = 4
  * (at 8192 from b = 2, at 16384 from b = 1); at b = 1 and 2 (2.7 and 5.3 waves of 192) a third of the last wave
  * idles, and there two consumers measured as fast or faster. */
+/* the model's cost of rows query rows per pair, over hb pairs on sms SMs, in tiles of bm = 128 or 192 rows */
+static inline double al_flash_sm90_wave_cost(int64_t rows, int64_t hb, int sms, int bm) {
+    const int64_t waves = ((rows + bm - 1) / bm * hb + sms - 1) / sms;
+    return (double)waves * bm * (bm == 192 ? AL_FLASH_SM90_C3_ROW_COST : 1.0);
+}
 static inline int al_flash_sm90_c3_pays(int64_t sq, int64_t hb, int sms) {
     if (sq <= 0 || hb <= 0 || sms <= 0) return 0;
-    const int64_t w2 = ((sq + 127) / 128 * hb + sms - 1) / sms;
-    const int64_t w3 = ((sq + 191) / 192 * hb + sms - 1) / sms;
-    return (double)w3 * 192.0 * AL_FLASH_SM90_C3_ROW_COST < (double)w2 * 128.0;
+    return al_flash_sm90_wave_cost(sq, hb, sms, 192) < al_flash_sm90_wave_cost(sq, hb, sms, 128);
 }
 
 /* A split grid (an experiment, ATTNLAB_FLASH_SM90_CONSUMERS=split; not yet measured): three consumers take each
@@ -72,15 +75,12 @@ static inline int al_flash_sm90_c3_pays(int64_t sq, int64_t hb, int sms) {
  * 1.09-1.10x at b = 1 and 2 (now 1.19-1.24x). */
 static inline int64_t al_flash_sm90_c3_rows(int64_t sq, int64_t hb, int sms) {
     if (sq <= 0 || hb <= 0 || sms <= 0) return 0;
-    const double c3 = 192.0 * AL_FLASH_SM90_C3_ROW_COST;
-    const int64_t n3 = (sq + 191) / 192;
-    double best = (double)(((sq + 127) / 128 * hb + sms - 1) / sms) * 128.0;   /* two consumers throughout */
+    double best = al_flash_sm90_wave_cost(sq, hb, sms, 128);   /* two consumers throughout */
     int64_t r3 = 0;
-    const double all3 = (double)((n3 * hb + sms - 1) / sms) * c3;
+    const double all3 = al_flash_sm90_wave_cost(sq, hb, sms, 192);
     if (all3 < best) best = all3, r3 = sq;
-    for (int64_t k = 1; k < n3; k++) {   /* k blocks of three consumers, the rest in 128-row blocks */
-        const int64_t rest = sq - 192 * k;
-        const double cost = (double)((k * hb + sms - 1) / sms) * c3 + (double)(((rest + 127) / 128 * hb + sms - 1) / sms) * 128.0;
+    for (int64_t k = 1; 192 * k < sq; k++) {   /* k blocks of three consumers, the rest in 128-row blocks */
+        const double cost = al_flash_sm90_wave_cost(192 * k, hb, sms, 192) + al_flash_sm90_wave_cost(sq - 192 * k, hb, sms, 128);
         if (cost < best) best = cost, r3 = 192 * k;
     }
     return r3;
