@@ -10,8 +10,8 @@
 --    a fresh process (disk-cached cubin load, target <= 10 ms), as first-call minus warm-call times.
 -- Without a usable GPU it says so and exits 0 (what variants cost on the CPU: bench/variants_cpu.lua).
 -- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments]
---   (--experiments: section 1 also times the defaults' alternatives, two or three consumers forced, the sliced backward
---   and build switches under test; --child-compile is the fresh-process half of 4)
+--   (--experiments: section 1 also times the defaults' alternatives, two or three consumers or the split grid forced,
+--   the sliced backward, the backward unfolded; --child-compile is the fresh-process half of 4)
 -- Each ratio compares configurations timed in interleaved rounds (median of 3; 1 with --quick).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
@@ -170,8 +170,10 @@ if section(1) then
     local a = with(inputs(b, H, s, D), { attn_mask_type = "no_mask" })
     local flops = 4 * b * H * s * s * D
     local c2, c3, best, r3 = wave_model(s, b * H, dev.multiprocessors)
+    -- the host's policy (al_flash_sm90_split_rows): three throughout where they pay, else the split where it pays
+    local default = c3 < c2 and "three" or (r3 > 0 and r3 < s) and ("split at " .. r3) or "two"
     print(string.format("  wave model, b=%d: two consumers %.0f, three %.0f (%.3fx), split at %d rows %.0f (%.3fx); " ..
-      "soft-capping's default: %s", b, c2, c3, c3 / c2, r3, best, best / c2, c3 < c2 and "three" or "two"))
+      "soft-capping's default: %s", b, c2, c3, c3 / c2, r3, best, best / c2, default))
     local sc = function(score) return 30 * al.tanh(score / 30) end
     -- the third: the same variant with a running softmax max (its logits' bound [-30, 30] otherwise gives the
     -- forward a fixed one, kernels/flash_fwd_sm90.cu's AL_FL_FIXED_MAX)
@@ -180,33 +182,19 @@ if section(1) then
     local configs, names = { a, with(a, { score_mod = sc }), running },
       { "plain (reference)", "softcap 30 (score_mod)", "softcap 30, running max" }
     if flags["--experiments"] then
-      -- the defaults' alternatives: two consumers forced (the host picks three for soft-capping where the grid's waves
-      -- favour them: b = 4 here on 132 SMs), the sliced backward (the lean one is the default), and the kernels'
-      -- build switches under test (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua) with two consumers
+      -- the defaults' alternatives: the forward's two or three consumers forced or its grid split where the host
+      -- would not (src/cuda/flash_sm90_specs.h: two at b = 1 and 2 here on 132 SMs would be the split's, three at
+      -- b = 4 the default), the plain kernel with three, the sliced backward (the lean one is the default), and the
+      -- backward's logit and gradient unfolded (ATTNLAB_VARIANT_FOLD_GRAD=0). Session 22's build switches (the tanh
+      -- or the exponentials partly on the FMA pipe, the c2 forward without ping-pong or S/O overlap) all measured
+      -- slower on the H200 in session 23 (docs/PERFORMANCE.md) and are no longer timed here.
       local C2, C3, VD = { "ATTNLAB_FLASH_SM90_CONSUMERS", "2" }, { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }, "ATTNLAB_VARIANT_DEFINES"
-      local function plus(e, ...)
-        local t = { unpack(e) }
-        for _, x in ipairs({ ... }) do t[#t + 1] = x end
-        return t
-      end
       for _, x in ipairs({ { sc, C2, "softcap 30, fwd two consumers" },
-        { sc, { "ATTNLAB_FLASH_SM90_CONSUMERS", "split" }, "softcap 30, fwd split grid c3+c2" },
-        { sc, plus(C2, VD, "AL_SM90_LEAN_MOD=0"), "softcap 30, sliced backward" },
-        { sc, plus(C2, VD, "AL_SM90_PINGPONG=0"), "softcap 30, c2 without ping-pong" },
-        { sc, plus(C2, VD, "AL_SM90_PIPE=0"), "softcap 30, c2 without S/O overlap" },
-        { sc, plus(C2, VD, "AL_TANH_FMA_EVERY=4"), "softcap 30, c2 tanh FMA-pipe k=4" },
-        { sc, plus(C2, VD, "AL_BWD_EX2_FMA_EVERY=8"), "softcap 30, bwd ex2 FMA-pipe k=8" },
-        { sc, plus(C2, VD, "AL_BWD_EX2_FMA_EVERY=4"), "softcap 30, bwd ex2 FMA-pipe k=4" },
-        -- the three-consumer forward forced (BM = 192, 64-key tiles), plain and soft-capped, and soft-capped with the
-        -- tanh FMA-pipe switch or without the S/O overlap beside it
-        { nil, C3, "plain, fwd three consumers" },
         { sc, C3, "softcap 30, fwd three consumers" },
-        { sc, plus(C3, VD, "AL_TANH_FMA_EVERY=4"), "softcap 30, fwd c3 + tanh FMA k=4" },
-        { sc, plus(C3, VD, "AL_SM90_PIPE=0"), "softcap 30, fwd c3 without S/O overlap" },
-        -- every k-th column group's exponentials on the FMA pipe (8 by default, chosen with two consumers in
-        -- session 10): with three, the MUFU phase has more cover, so the best k may move
-        { sc, plus(C3, "ATTNLAB_VARIANT_EX2_FMA", "4"), "softcap 30, fwd c3, ex2 FMA k=4" },
-        { sc, plus(C3, "ATTNLAB_VARIANT_EX2_FMA", "16"), "softcap 30, fwd c3, ex2 FMA k=16" } }) do
+        { sc, { "ATTNLAB_FLASH_SM90_CONSUMERS", "split" }, "softcap 30, fwd split grid forced" },
+        { nil, C3, "plain, fwd three consumers" },
+        { sc, { VD, "AL_SM90_LEAN_MOD=0" }, "softcap 30, sliced backward" },
+        { sc, { "ATTNLAB_VARIANT_FOLD_GRAD", "0" }, "softcap 30, bwd logit + grad unfolded" } }) do
         local c = with(a, { score_mod = x[1] })
         ENV[c] = x[2]
         configs[#configs + 1], names[#names + 1] = c, x[3]

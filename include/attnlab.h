@@ -533,6 +533,13 @@ typedef struct al_attn_variant {
      * the grid's waves favour them, without a mask or block mask (docs/FLASH.md; ATTNLAB_FLASH_SM90_CONSUMERS=2 /
      * 3 / split overrides). */
     int32_t score_mufu;
+    /* Optional folded form of score_grad (the Lua front end writes it beside score_pre; NULL = not given):
+     * score_grad with score replaced by acc * scale and constant factors on it folded into scale, as score_pre
+     * folds score_mod, an expression of grad, acc, scale, b, h, q_idx, kv_idx. Only with score_pre and
+     * score_grad (the same functions). The flash backend's backward then evaluates the logit and its gradient
+     * both folded, so they share their terms (soft-capping's tanh(acc * (scale / c))) and take as few
+     * instructions per score as the forward; without it the backward evaluates both unfolded. */
+    const char *score_grad_pre;
 } al_attn_variant;
 
 /* Tensor arguments (NULL = absent). */

@@ -36,7 +36,7 @@
  * Shared memory: K [BN][D] | V [BN][D] | Q [BM][D] | dO [BM][D] | dS^T [BN][BM] (16-bit, swizzled)
  *                | lse2 [BM] | D [BM] (f32).
  */
-#define AL_FL_BACKWARD 1   /* flash_common.cuh: score_mod unfolded, to share work with its gradient */
+#define AL_FL_BACKWARD 1   /* flash_common.cuh: score_mod and its gradient in the same terms, to share work */
 #include "flash_common.cuh"
 
 #ifndef AL_BWD_BLOCK_N
@@ -331,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(bwd::NT) al_flash_bwd(AL_KPARAMS p)
                             if (keep) AL_CAPTURE_GRAD(ds, st[t][e] * p.scale, s.b, s.h, i, j);
 #endif
 #if AL_HAS_SCORE_MOD
-                            ds = AL_SCORE_MOD_GRAD(ds, st[t][e] * p.scale, s.b, s.h, min(i, s.q_len - 1), min(j, kv_len - 1));
+                            ds = AL_FL_SCORE_GRAD(ds, st[t][e], p.scale, s.b, s.h, min(i, s.q_len - 1), min(j, kv_len - 1));
 #endif
                             dsv[e] = ds;
                         }

@@ -53,7 +53,7 @@
  * with no spills (tests/c/test_nvrtc_kernels.c, test_flash_variant.c); on a GPU test_flash_variant compares
  * them with a double-precision oracle and with the stage-1 backward.
  */
-#define AL_FL_BACKWARD 1   /* flash_common.cuh: score_mod unfolded, to share work with its gradient */
+#define AL_FL_BACKWARD 1   /* flash_common.cuh: score_mod and its gradient in the same terms, to share work */
 #include "flash_common.cuh"
 #include "sm90_common.cuh"
 
@@ -792,8 +792,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                             if (keep) AL_CAPTURE_GRAD(ds, raw * p.scale, sv.b, sv.h, i, jk);
 #endif
 #if AL_HAS_SCORE_MOD
-                            ds = AL_SCORE_MOD_GRAD(ds, raw * p.scale, sv.b, sv.h, min(i, sv.q_len - 1),
-                                                   min(jk, sv.kv_len - 1));
+                            ds = AL_FL_SCORE_GRAD(ds, raw, p.scale, sv.b, sv.h, min(i, sv.q_len - 1),
+                                                  min(jk, sv.kv_len - 1));
 #endif
 #if AL_SM90_ROLE == 0
                             pv[e] = pe;
@@ -957,12 +957,12 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #else
                     const int qi = orow, kj = col;
 #endif
-                    /* one tanh / exp for both: the logit is AL_SCORE_MOD(raw * scale) (AL_FL_BACKWARD) */
+                    /* one tanh / exp for both: the logit and its gradient in the same terms (AL_FL_BACKWARD) */
                     const float raw = sc[t * 4 + e];
                     const float x2 = al_fl_logit2(sm, raw, p.scale, sl2, 0.0f, qi, kj) - l2;
                     const float pv = fma_pipe ? al_ex2_fma(x2) : al_ex2(x2);
-                    const float fv = AL_SCORE_MOD_GRAD(1.0f, raw * p.scale, sm.b, sm.h, min(qi, sm.q_len - 1),
-                                                       min(kj, sm.kv_len - 1));
+                    const float fv = AL_FL_SCORE_GRAD(1.0f, raw, p.scale, sm.b, sm.h, min(qi, sm.q_len - 1),
+                                                      min(kj, sm.kv_len - 1));
 #if AL_SM90_ROLE == 0
                     pe[e] = ok ? pv : 0.0f;
                     fe[e] = ok ? pv * fv : 0.0f;

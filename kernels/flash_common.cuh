@@ -97,12 +97,15 @@
 #define AL_HAS_SCORE_MOD 0
 #define AL_SCORE_MOD(score, b, h, q_idx, kv_idx) (score)
 #endif
-/* The backward files define AL_FL_BACKWARD before this header: there a score_mod with a gradient is evaluated
- * unfolded (AL_SCORE_MOD of score = acc * scale), so that the logit and AL_SCORE_MOD_GRAD(grad, score, ...) are
- * written in the same terms and the compiler merges what they share: soft-capping's tanh(score / 30) becomes
- * one MUFU op per element instead of two (the folded tanh(acc * (scale / 30)) rounds its argument differently,
- * so it cannot be merged with the gradient's). The forward keeps the folded form. */
-#if defined(AL_SCORE_PRE) && !(defined(AL_FL_BACKWARD) && defined(AL_SCORE_MOD_GRAD))
+/* The backward files define AL_FL_BACKWARD before this header. There the logit of a score_mod with a gradient and
+ * its gradient must be written in the same terms, so that the compiler merges what they share: soft-capping's tanh
+ * becomes one MUFU op per element instead of two (tanh(acc * (scale / 30)) and tanh((acc * scale) / 30) round
+ * their arguments differently, so they cannot be merged). With AL_SCORE_GRAD_PRE (score_grad folded as score_pre
+ * folds score_mod, session 23) both are folded, as in the forward: soft-capping's logit costs one FMUL, the tanh
+ * and one FFMA into the exponent, its gradient one FFMA. Without it both are unfolded (AL_SCORE_MOD of score =
+ * acc * scale): the logit then takes two more multiplies per element (scale, then 1 / 30; 30, then log2(e)).
+ * AL_FL_SCORE_GRAD(grad, acc, scale, ...) is the gradient in whichever terms the logit uses. */
+#if defined(AL_SCORE_PRE) && !(defined(AL_FL_BACKWARD) && defined(AL_SCORE_MOD_GRAD) && !defined(AL_SCORE_GRAD_PRE))
 #define AL_HAS_SCORE_PRE 1
 #ifndef AL_SCORE_POST
 #define AL_SCORE_POST 1.0f
@@ -115,6 +118,11 @@
 #endif
 #ifndef AL_SCORE_MOD_GRAD
 #define AL_SCORE_MOD_GRAD(grad, score, b, h, q_idx, kv_idx) (grad)
+#endif
+#if AL_HAS_SCORE_PRE && defined(AL_SCORE_GRAD_PRE)
+#define AL_FL_SCORE_GRAD(grad, acc, scale, b, h, q_idx, kv_idx) AL_SCORE_GRAD_PRE(grad, acc, scale, b, h, q_idx, kv_idx)
+#else
+#define AL_FL_SCORE_GRAD(grad, acc, scale, b, h, q_idx, kv_idx) AL_SCORE_MOD_GRAD(grad, (acc) * (scale), b, h, q_idx, kv_idx)
 #endif
 #ifdef AL_MASK_MOD
 #define AL_HAS_MASK_MOD 1

@@ -249,6 +249,10 @@ static al_status check_variant(al_attn_plan *pl) {
     if (v->score_pre && !((float)v->score_post > 0 && isfinite((float)(v->score_post * 1.4426950408889634))))
         return al_error(AL_ERR_ARG, "attention: variant.score_post: expected a finite constant > 0 (an f32 number), "
                         "given %g", v->score_post);
+    AL_TRY(check_snippet("score_grad_pre", v->score_grad_pre, 1));
+    if (v->score_grad_pre && !(v->score_pre && v->score_grad))
+        return al_error(AL_ERR_ARG, "attention: variant.score_grad_pre: expected score_pre and score_grad beside it (the "
+                        "folded form of score_grad), given %s", v->score_pre ? "no score_grad" : "no score_pre");
     if (v->score_bounded && !v->score_mod)
         return al_error(AL_ERR_ARG, "attention: variant.score_bounded: expected score_mod beside it (the bounds are the "
                         "new logit's), given score_bounded = %d alone", (int)v->score_bounded);

@@ -454,6 +454,7 @@ local function cuda_variant(al, fname, v, q, bm, keep)
   vs.score_mod, vs.score_grad, vs.mask_mod = cstr(v.cuda_score_mod), cstr(v.cuda_score_grad), cstr(v.cuda_mask_mod)
   vs.capture_grad, vs.prelude = cstr(v.cuda_capture_grad), cstr(v.cuda_prelude)
   vs.score_pre, vs.score_post = cstr(v.cuda_score_pre), v.cuda_score_pre and v.score_post or 0
+  vs.score_grad_pre = cstr(v.cuda_score_grad_pre)
   if v.cuda_score_mod and v.score_lo then   -- the new logit's proven bounds (variants/interval.lua, score_bounds)
     vs.score_bounded, vs.score_lo, vs.score_hi = 1, v.score_lo, v.score_hi
   end

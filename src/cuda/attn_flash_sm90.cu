@@ -75,16 +75,20 @@ static al_flash_spec sm90_fwd_spec(const al_attn_plan *pl) {
 }
 
 /* The split grid's first r3 rows per (batch, head) pair for three consumers (al_flash_sm90_c3_rows), or 0 for one
- * launch of spec: only with ATTNLAB_FLASH_SM90_CONSUMERS=split (an experiment), for a score_mod that uses the MUFU,
- * no mask, no block mask, not thd (whose sequences differ in length), d <= 128 (three consumers' tiles fit). */
+ * launch of spec: for a score_mod that uses the MUFU, no mask, no block mask, not thd (whose sequences differ in
+ * length), d <= 128 (three consumers' tiles fit). The default where three consumers throughout do not pay
+ * (al_flash_sm90_c3_pays) but the split does by the wave model: on the H200 soft-capping's forward at 16 x 4096
+ * went from 1.20-1.22x the plain kernel (two consumers) to 1.13x at b = 1 and 2 (session 23). Where three
+ * throughout pay (b = 4 there) one launch of them stays: the split measured 1.13x against their 1.10-1.12x.
+ * ATTNLAB_FLASH_SM90_CONSUMERS=split splits wherever the model finds a split row; =2 / =3 never split. */
 static long long sm90_fwd_split_rows(const al_attn_plan *pl, const al_flash_spec *spec) {
     const al_attn_variant *v = pl->in.variant;
     const al_attn_params *p = &pl->p;
-    if (!al_flash_sm90_split_env() || !v || !v->score_mufu || v->block_mask || spec->mask != AL_FLASH_MASK_NONE ||
-        p->qkv_format == AL_ATTN_FORMAT_THD || al_flash_sm90_c3_bn(spec->d) == 0)
+    if (al_flash_sm90_consumers_env() || !v || !v->score_mufu || v->block_mask ||
+        spec->mask != AL_FLASH_MASK_NONE || p->qkv_format == AL_ATTN_FORMAT_THD || al_flash_sm90_c3_bn(spec->d) == 0)
         return 0;
-    const long long r3 = (long long)al_flash_sm90_c3_rows(p->sq, p->h * p->b, al_cu_sm_count[pl->in.q->device_index]);
-    return r3 > 0 && r3 < p->sq ? r3 : 0;
+    return (long long)al_flash_sm90_split_rows(p->sq, p->h * p->b, al_cu_sm_count[pl->in.q->device_index],
+                                               al_flash_sm90_split_env());
 }
 
 /* What the Hopper forward and backward both need: the path not switched off, an sm_90 device, f16/bf16,

@@ -24,6 +24,7 @@ static inline al_flash_hooks al_flash_hooks_of(const al_attn_variant *v) {
     h.prelude = v->prelude;
     h.score_pre = v->score_pre;
     h.score_post = v->score_pre ? v->score_post : 0.0;
+    h.score_grad_pre = v->score_grad_pre;
     al_flash_hooks_set_bounds(&h, v->score_bounded, v->score_lo, v->score_hi);   /* the forward's fixed max */
     return h;
 }

@@ -38,7 +38,7 @@ typedef struct al_flash_sm90_tiles {
  * AL_FLASH_SM90_BM_LIST key tiles of 64 (s_kv <= 65536). The host's forward spec (attn_flash_sm90.cu,
  * sm90_fwd_spec) decides, into al_flash_spec.fwd_consumers: ATTNLAB_FLASH_SM90_CONSUMERS=2 or 3 when set (this reads
  * it: 0 when unset or anything else), else three for a score_mod that uses the MUFU (al_attn_variant.score_mufu),
- * without a mask or block mask, where al_flash_sm90_c3_pays. */
+ * without a mask or block mask, where al_flash_sm90_c3_pays, and a split grid (below) where it does not. */
 static inline int al_flash_sm90_consumers_env(void) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");
     if (!e) return 0;
@@ -64,15 +64,17 @@ static inline int al_flash_sm90_c3_pays(int64_t sq, int64_t hb, int sms) {
     return al_flash_sm90_wave_cost(sq, hb, sms, 192) < al_flash_sm90_wave_cost(sq, hb, sms, 128);
 }
 
-/* A split grid (an experiment, ATTNLAB_FLASH_SM90_CONSUMERS=split; not yet measured): three consumers take each
- * (batch, head) pair's first r3 rows, two consumers the other sq - r3, in two launches, so that the three-consumer
- * part fills whole waves and the two-consumer part's 128-row tiles fill the last wave better than 192-row ones.
- * Returns r3 by the same wave model as al_flash_sm90_c3_pays: 0 (two consumers take everything), >= sq (three do),
- * or a multiple of 192 in between where that costs less than both. At 16 heads x 4096 on 132 SMs: b = 1 gives 3072
- * (2 waves of three consumers + 0.97 of two: 361 + 128 = 489 against 512 and 541), b = 2 3072 (4 + 2 waves: 978
- * against 1024 and 1083), b = 4 3840 (10 + 1 waves: 1933 against 2048 and 1985). Session 21's b = 4 figures put
- * soft-capping at about 1.06x the plain kernel per row with three consumers, 1.19x with two, so the model predicts
- * 1.09-1.10x at b = 1 and 2 (now 1.19-1.24x). */
+/* A split grid (the forward's default since session 23 where al_flash_sm90_c3_pays does not hold; attn_flash_sm90.cu,
+ * sm90_fwd_split_rows): three consumers take each (batch, head) pair's first r3 rows, two consumers the other
+ * sq - r3, in two launches, so that the three-consumer part fills whole waves and the two-consumer part's 128-row
+ * tiles fill the last wave better than 192-row ones. Returns r3 by the same wave model as al_flash_sm90_c3_pays: 0
+ * (two consumers take everything), >= sq (three do), or a multiple of 192 in between where that costs less than
+ * both. At 16 heads x 4096 on 132 SMs: b = 1 gives 3072 (2 waves of three consumers + 0.97 of two: 361 + 128 = 489
+ * against 512 and 541), b = 2 3072 (4 + 2 waves: 978 against 1024 and 1083), b = 4 3840 (10 + 1 waves: 1933
+ * against 2048 and 1985). On the H200 soft-capping then ran 1.13x the plain kernel at b = 1 and 2 (1.20-1.22x with
+ * two consumers), as the model predicted to within 3%; at b = 4 the split ran 1.13x, three consumers throughout
+ * 1.10-1.12x, against the model's 3% for the split: there the second launch's start and the first's tail cost more
+ * than the model counts, so the host splits only where three consumers throughout do not pay. */
 static inline int64_t al_flash_sm90_c3_rows(int64_t sq, int64_t hb, int sms) {
     if (sq <= 0 || hb <= 0 || sms <= 0) return 0;
     double best = al_flash_sm90_wave_cost(sq, hb, sms, 128);   /* two consumers throughout */
@@ -85,13 +87,22 @@ static inline int64_t al_flash_sm90_c3_rows(int64_t sq, int64_t hb, int sms) {
     }
     return r3;
 }
+/* The host's split row for sq query rows per pair, over hb pairs on sms SMs (the default policy; forced: as
+ * ATTNLAB_FLASH_SM90_CONSUMERS=split asks): al_flash_sm90_c3_rows where it lies strictly inside (0, sq), but not
+ * where three consumers throughout pay unless forced; else 0, one launch */
+static inline int64_t al_flash_sm90_split_rows(int64_t sq, int64_t hb, int sms, int forced) {
+    if (!forced && al_flash_sm90_c3_pays(sq, hb, sms)) return 0;
+    const int64_t r3 = al_flash_sm90_c3_rows(sq, hb, sms);
+    return r3 > 0 && r3 < sq ? r3 : 0;
+}
 /* The split grid's two launches for r3 (0 < r3 < sq, a multiple of 192): gx[0] blocks of 192 rows from row 0, then
  * gx[1] blocks of 128 from row r3 (the last one cut at sq) */
 static inline void al_flash_sm90_split_grid(int64_t sq, int64_t r3, int64_t gx[2]) {
     gx[0] = r3 / 192;
     gx[1] = (sq - r3 + 127) / 128;
 }
-/* ATTNLAB_FLASH_SM90_CONSUMERS=split: 1 (the split grid above where it applies), else 0 */
+/* ATTNLAB_FLASH_SM90_CONSUMERS=split: 1 (the split grid above wherever the model finds a split row, also where
+ * three consumers throughout pay: for measurements), else 0 */
 static inline int al_flash_sm90_split_env(void) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_CONSUMERS");
     return e && strcmp(e, "split") == 0;

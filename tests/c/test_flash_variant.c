@@ -178,7 +178,22 @@ static void test_validation(void) {
     f.var.score_mod = "score * 0.5f";
     f.var.score_pre = "acc * scale // folded";
     CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_pre: expected no // comment");
+    /* the folded gradient: beside score_pre and score_grad, no // comment */
+    f.var.score_pre = "acc * (scale * 0.5f)";
+    f.var.score_grad_pre = "grad * 0.5f";
+    f.var.score_grad = NULL;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG,
+              "variant.score_grad_pre: expected score_pre and score_grad beside it (the folded form of score_grad), "
+              "given no score_grad");
+    f.var.score_grad = "grad * 0.5f";
+    CHECK_OK(al_attn_check(&f.p, &f.in));
+    f.var.score_grad_pre = "grad // folded";
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_grad_pre: expected no // comment");
+    f.var.score_grad_pre = "grad * 0.5f";
     f.var.score_pre = NULL;
+    CHECK_ERR(al_attn_check(&f.p, &f.in), AL_ERR_ARG, "variant.score_grad_pre: expected score_pre and score_grad beside "
+              "it (the folded form of score_grad), given no score_pre");
+    f.var.score_grad_pre = NULL;
     f.var.score_post = -1.0;   /* ignored without score_pre */
     CHECK_OK(al_attn_check(&f.p, &f.in));
     f.var.score_post = 0.0;
@@ -258,7 +273,7 @@ static void test_backend_choice(void) {
 /* ---- generated source and identity ------------------------------------------------------------------- */
 static void test_variant_source(void) {
     const al_flash_hooks hk = {"score * 2.0f", NULL, "q_idx >= kv_idx\n&& 1", "atomicAdd(AL_CAP_GRAD(0), grad)",
-                               "static __device__ int f(int x) { return x; }", NULL, 0.0, 0, 0.0};
+                               "static __device__ int f(int x) { return x; }", NULL, 0.0, 0, 0.0, NULL};
     char *src = al_flash_variant_source(&hk, "flash_fwd.cu");
     CHECK(src != NULL, "no source");
     if (!src) return;
@@ -275,7 +290,7 @@ static void test_variant_source(void) {
     free(src);
     /* the folded form: AL_SCORE_PRE's macro and AL_SCORE_POST as an f32 literal */
     const al_flash_hooks hf = {"30.0f * tanhf(score * 0.0333f)", NULL, NULL, NULL, NULL, "tanhf(acc * (scale * 0.0333f))",
-                               30.0, 0, 0.0};
+                               30.0, 0, 0.0, NULL};
     src = al_flash_variant_source(&hf, "flash_fwd.cu");
     CHECK(src != NULL, "no source");
     if (!src) return;
@@ -283,6 +298,16 @@ static void test_variant_source(void) {
           "%s", src);
     CHECK(strstr(src, "#define AL_SCORE_POST 3.000000000e+01f\n") != NULL, "%s", src);
     CHECK(strstr(src, "AL_SCORE_MOD_MAX") == NULL, "no bounds given, no fixed max:\n%s", src);
+    CHECK(strstr(src, "AL_SCORE_GRAD_PRE") == NULL, "no folded gradient given:\n%s", src);
+    free(src);
+    /* the folded gradient: AL_SCORE_GRAD_PRE's macro */
+    al_flash_hooks hg = hf;
+    hg.score_grad = "grad * (1.0f - tanhf(score * 0.0333f) * tanhf(score * 0.0333f))";
+    hg.score_grad_pre = "grad * (1.0f - tanhf(acc * (scale * 0.0333f)) * tanhf(acc * (scale * 0.0333f)))";
+    src = al_flash_variant_source(&hg, "flash_bwd_sm90.cu");
+    CHECK(src && strstr(src, "#define AL_SCORE_GRAD_PRE(grad, acc, scale, b, h, q_idx, kv_idx) (grad * (1.0f - "
+                             "tanhf(acc * (scale * 0.0333f)) * tanhf(acc * (scale * 0.0333f))))\n") != NULL,
+          "%s", src ? src : "(null)");
     free(src);
     /* the fixed max (al_flash_hooks_set_bounds): soft-capping's [-30, 30] gives AL_SCORE_MOD_MAX 30; bounds more than
      * 64 apart, none given, or ATTNLAB_FLASH_SM90_FIXED_MAX=0 give none */
@@ -310,14 +335,14 @@ static void test_variant_source(void) {
     a.d = 64;
     a.bf16 = 1;
     b = c = d = e = f = g = pr = a;
-    const al_flash_hooks h_score = {"score", NULL, NULL, NULL, NULL, NULL, 0.0, 0, 0.0},
-                         h_grad = {NULL, "score", NULL, NULL, NULL, NULL, 0.0, 0, 0.0},   /* same text, another hook */
-                         h_empty = {"score", "", NULL, NULL, NULL, NULL, 0.0, 0, 0.0},    /* "" differs from NULL */
-                         h_pre2 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 2.0, 0, 0.0},
-                         h_pre3 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 0, 0.0},
-                         h_max = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 1, 30.0},
-                         h_max2 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 1, 20.0},
-                         h_pre4 = {"score", NULL, NULL, NULL, NULL, "acc * scale * 1.0f", 3.0, 0, 0.0};
+    const al_flash_hooks h_score = {"score", NULL, NULL, NULL, NULL, NULL, 0.0, 0, 0.0, NULL},
+                         h_grad = {NULL, "score", NULL, NULL, NULL, NULL, 0.0, 0, 0.0, NULL},   /* same text, another hook */
+                         h_empty = {"score", "", NULL, NULL, NULL, NULL, 0.0, 0, 0.0, NULL},    /* "" differs from NULL */
+                         h_pre2 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 2.0, 0, 0.0, NULL},
+                         h_pre3 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 0, 0.0, NULL},
+                         h_max = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 1, 30.0, NULL},
+                         h_max2 = {"score", NULL, NULL, NULL, NULL, "acc * scale", 3.0, 1, 20.0, NULL},
+                         h_pre4 = {"score", NULL, NULL, NULL, NULL, "acc * scale * 1.0f", 3.0, 0, 0.0, NULL};
     al_flash_spec_set_variant(&a, &h_score, 0);
     al_flash_spec_set_variant(&b, &h_score, 1);
     al_flash_spec_set_variant(&c, &h_grad, 0);
@@ -326,9 +351,17 @@ static void test_variant_source(void) {
     al_flash_spec_set_variant(&f, &h_pre2, 0);
     al_flash_spec_set_variant(&g, &h_pre3, 0);
     al_flash_spec_set_variant(&pr, &h_pre4, 0);
-    al_flash_spec mx = a, mx2 = a;
+    al_flash_spec mx = a, mx2 = a, gp = a, gp2 = a;
     al_flash_spec_set_variant(&mx, &h_max, 0);
     al_flash_spec_set_variant(&mx2, &h_max2, 0);
+    al_flash_hooks h_gp = h_pre3;
+    h_gp.score_grad = "grad";
+    al_flash_spec g0 = a;
+    al_flash_spec_set_variant(&g0, &h_gp, 0);
+    h_gp.score_grad_pre = "grad";
+    al_flash_spec_set_variant(&gp, &h_gp, 0);
+    h_gp.score_grad_pre = "grad * 1.0f";
+    al_flash_spec_set_variant(&gp2, &h_gp, 0);
     CHECK(a.variant == 1 && b.block_mask == 1 && a.block_mask == 0, "flags");
     CHECK(memcmp(&a, &d, sizeof a) == 0, "one variant, one identity");
     CHECK(memcmp(&a, &b, sizeof a) != 0, "the block-mask flag is part of the identity");
@@ -339,6 +372,8 @@ static void test_variant_source(void) {
     CHECK(pr.vhash[0] != g.vhash[0] && pr.vhash[1] != g.vhash[1], "score_pre's text is part of the hash");
     CHECK(mx.vhash[0] != g.vhash[0] && mx.vhash[1] != g.vhash[1] && mx.vhash[0] != mx2.vhash[0],
           "the fixed max and its value are part of the hash");
+    CHECK(gp.vhash[0] != g0.vhash[0] && gp.vhash[1] != g0.vhash[1] && gp.vhash[0] != gp2.vhash[0] &&
+              gp.vhash[1] != gp2.vhash[1], "score_grad_pre and its text are part of the hash");
     char nm[128];
     al_flash_spec_name(&b, nm, sizeof nm);
     CHECK(strstr(nm, "fwd d64 bf16 nomask variant ") == nm && strstr(nm, " blockmask") != NULL, "name '%s'", nm);
@@ -389,7 +424,7 @@ static void nv_std(nv_job *j, int kind, int sm90, int d, int mask, int block_mas
     j->mask = NV_MASK;
     j->capg = kind == AL_FLASH_BWD ? NV_CAPG : NULL;
     j->prelude = NV_PRELUDE;
-    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0, 0, 0.0};
+    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0, 0, 0.0, NULL};
     al_flash_spec_set_variant(&j->spec, &hk, block_mask);
 }
 
@@ -397,7 +432,7 @@ static void nv_compile_job(nv_job *j, const char *kdir, int compile) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", kdir, nv_file(j));
     char *file = test_slurp(path);
-    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0, 0, 0.0};
+    const al_flash_hooks hk = {j->score, j->grad, j->mask, j->capg, j->prelude, NULL, 0.0, 0, 0.0, NULL};
     char *pre = al_flash_variant_source(&hk, nv_file(j));
     char *src = file && pre ? malloc(strlen(pre) + strlen(file) + 2) : NULL;
     if (!src) {
@@ -505,7 +540,7 @@ static void case_bwd_spec(const gcase *c, const al_attn_variant *var, int block_
     s->bf16 = 1;
     s->mask = c->causal ? AL_FLASH_MASK_CAUSAL : AL_FLASH_MASK_NONE;
     al_flash_hooks hk = {var->score_mod, var->score_grad, var->mask_mod, var->capture_grad, var->prelude,
-                         var->score_pre, var->score_pre ? var->score_post : 0.0, 0, 0.0};
+                         var->score_pre, var->score_pre ? var->score_post : 0.0, 0, 0.0, var->score_grad_pre};
     al_flash_hooks_set_bounds(&hk, var->score_bounded, var->score_lo, var->score_hi);
     al_flash_spec_set_variant(s, &hk, block_mask);
 }

@@ -113,6 +113,7 @@ static int parse_gen_variants(char *text, gen_variant *out, int max, char *why, 
             else if (!strcmp(key, "prelude")) v->hk.prelude = val;
             else if (!strcmp(key, "score_pre")) v->hk.score_pre = val;
             else if (!strcmp(key, "score_post")) v->hk.score_post = atof(val);
+            else if (!strcmp(key, "score_grad_pre")) v->hk.score_grad_pre = val;
             else if (!strcmp(key, "score_lo")) v->score_lo = atof(val), v->bounded |= 1;
             else if (!strcmp(key, "score_hi")) v->score_hi = atof(val), v->bounded |= 2;
             else {
@@ -365,6 +366,19 @@ static void test_fwd_c3_shapes(void) {
                       (long long)sq, (long long)hb, sms, (long long)r3, (long long)gx[0], (long long)gx[1]);
             }
     CHECK(nsplit > 20, "only %d shapes split: the coverage check saw too few", nsplit);
+    /* the host's policy (al_flash_sm90_split_rows): {sq, b x h, SMs, forced, r3}. 16 x 4096 on 132 SMs splits at
+     * b = 1 and 2 by default; at b = 4 three consumers throughout pay, so only a forced split (3840); a shape with no
+     * split row gives 0 forced or not; 16128 x 16 on 1 SM (three throughout best: r3 = sq) is one launch */
+    const struct { int64_t sq, hb; int sms, forced; int64_t r3; } SP[] = {
+        {4096, 16, 132, 0, 3072}, {4096, 32, 132, 0, 3072}, {4096, 64, 132, 0, 0}, {4096, 64, 132, 1, 3840},
+        {4096, 16, 114, 0, 2304}, {1024, 16, 132, 0, 0}, {1024, 16, 132, 1, 0}, {16128, 16, 1, 1, 0},
+        {3072, 160, 132, 0, 0}, {0, 16, 132, 1, 0},
+    };
+    for (size_t k = 0; k < sizeof SP / sizeof SP[0]; k++) {
+        const int64_t got = al_flash_sm90_split_rows(SP[k].sq, SP[k].hb, SP[k].sms, SP[k].forced);
+        CHECK(got == SP[k].r3, "al_flash_sm90_split_rows(sq %lld, b x h %lld, %d SMs, forced %d) = %lld, expected %lld",
+              (long long)SP[k].sq, (long long)SP[k].hb, SP[k].sms, SP[k].forced, (long long)got, (long long)SP[k].r3);
+    }
     setenv("ATTNLAB_FLASH_SM90_CONSUMERS", "split", 1);
     CHECK(al_flash_sm90_split_env() == 1 && al_flash_sm90_consumers_env() == 0, "ATTNLAB_FLASH_SM90_CONSUMERS=split");
     setenv("ATTNLAB_FLASH_SM90_CONSUMERS", "3", 1);

@@ -3,8 +3,8 @@
 -- NVRTC on a machine without a GPU: CI then catches generated code that no longer compiles, not only the
 -- hand-written hooks. `make test` writes $(BUILD)/variant_snippets.txt with it before the C tests run.
 -- Format, per variant: "variant NAME BLOCK_MASK\n", then per snippet given "KEY LENGTH\n" + LENGTH bytes
--- + "\n" (KEY: score_mod score_grad mask_mod capture_grad prelude score_pre score_post score_lo score_hi), then
--- "end\n".
+-- + "\n" (KEY: score_mod score_grad mask_mod capture_grad prelude score_pre score_post score_grad_pre score_lo
+-- score_hi), then "end\n".
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 _G.al = al
@@ -13,8 +13,8 @@ local make = dofile("examples/variants.lua")
 _G.VARIANTS_EXAMPLE_LIB = nil
 
 local EX = make(200, 4, 2)
-local KEYS = { "score_mod", "score_grad", "mask_mod", "capture_grad", "prelude", "score_pre", "score_post", "score_lo",
-  "score_hi" }
+local KEYS = { "score_mod", "score_grad", "mask_mod", "capture_grad", "prelude", "score_pre", "score_post",
+  "score_grad_pre", "score_lo", "score_hi" }
 local function emit(name, score_mod, mask_mod, block_mask)
   local s = al.attention.variant({ score_mod = score_mod, mask_mod = mask_mod }):source()
   io.write(string.format("variant %s %d\n", name, block_mask and 1 or 0))

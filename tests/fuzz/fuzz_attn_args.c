@@ -167,6 +167,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             static const double POST[] = {1.0, 30.0, 0.0, -1.0, 1e300};
             var.score_pre = SNIP[fz_int(&in, 0, 4)];
             var.score_post = POST[fz_int(&in, 0, 4)];
+            if (fz_u8(&in) & 1) var.score_grad_pre = SNIP[fz_int(&in, 0, 4)];   /* needs score_pre and score_grad */
         }
         if (fz_u8(&in) > 200) {   /* the logit's bounds: finite, lo <= hi, beside score_mod */
             static const double BOUND[] = {-30.0, 30.0, 0.0, 1e300, -1e300};

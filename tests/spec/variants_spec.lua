@@ -101,6 +101,15 @@ describe("variants: tracer and code generation", function()
     local s = src({ score_mod = function(score) return 30 * al.tanh(score / 30) end })
     assert.equal("al_v_tanh((acc * (scale * 0.0333333333f)))", s.score_pre)
     assert.equal(30, s.score_post)
+    -- and its gradient in the same terms, so the backward's logit and gradient share the tanh (one MUFU op)
+    assert.equal("(grad * (1.0f - (al_v_tanh((acc * (scale * 0.0333333333f))) * al_v_tanh((acc * (scale * " ..
+      "0.0333333333f))))))", s.score_grad_pre)
+    -- ATTNLAB_VARIANT_FOLD_GRAD=0 leaves it out (the backward then evaluates both unfolded)
+    with_env("ATTNLAB_VARIANT_FOLD_GRAD", "0", function()
+      local u = src({ score_mod = function(score) return 30 * al.tanh(score / 30) end })
+      assert.is_nil(u.score_grad_pre)
+      assert.equal(s.score_pre, u.score_pre)
+    end)
     -- a score_mod with its own MUFU operation moves an eighth of the forward's exponentials to the FMA pipe
     assert.truthy(s.prelude:find("#define AL_EX2_FMA_EVERY 8", 1, true), s.prelude)
     -- a negative outer factor stays inside (the kernels take the row max before score_post)
@@ -112,10 +121,13 @@ describe("variants: tracer and code generation", function()
     local s3 = src({ score_mod = function(score, b, h, q, kv) return score + sl[h] * (kv - q) end })
     assert.equal("((acc * scale) + (((const float *)AL_CAP(0))[h] * (kv_idx - q_idx)))", s3.score_pre)
     assert.equal(1, s3.score_post)
+    assert.is_nil(s3.score_grad_pre)   -- an additive score_mod has no score_grad, so nothing to fold
     assert.is_nil(s3.prelude)   -- no MUFU operation of its own: all exponentials stay on the MUFU
     local s4 = src({ score_mod = function(score, b, h, q, kv) return 2 * al.where(al.gt(q, kv), score, score / 4) end })
     assert.equal("((q_idx > kv_idx) ? (acc * scale) : (acc * (scale * 0.25f)))", s4.score_pre)
     assert.equal(2, s4.score_post)
+    -- no score left in it: the same text as score_grad, and the backward still takes the folded logit
+    assert.equal("(grad * (2 * ((q_idx > kv_idx) ? 1.0f : 0.25f)))", s4.score_grad_pre)
     -- a constant that cannot fold (1 / 1e-40 is not an f32 number) is left as a division
     local s5 = src({ score_mod = function(score) return score / 1e-40 end })
     assert.truthy(s5.score_pre:find("__fdividef((acc * scale), ", 1, true), s5.score_pre)
@@ -959,9 +971,9 @@ describe("variants on the GPU #gpu", function()
   -- Without ATTNLAB_FLASH_SM90_CONSUMERS the host picks the forward's consumers (attn_flash_sm90.cu, sm90_fwd_spec):
   -- three for a score_mod that uses the MUFU where the grid fills many waves (10 x 16 heads x 3072: 3840 tiles of
   -- 128 rows, over 24 waves on any H100 or H200, where al_flash_sm90_c3_pays holds whatever the SM count), two where
-  -- one wave holds the grid (1 x 2 heads x 384), and two for a score_mod without MUFU math at the large shape. Read
-  -- off the flash log's new lines (a constant no earlier process used makes every kernel new to it); the small call
-  -- against the CPU oracle, the large ones against the same call with two consumers forced.
+  -- one wave holds the grid (1 x 2 heads x 384, no split either), and two for a score_mod without MUFU math at the
+  -- large shape. Read off the flash log's new lines (a constant no earlier process used makes every kernel new to
+  -- it); the small call against the CPU oracle, the large ones against the same call with two consumers forced.
   it("the forward's consumers follow score_mufu and the grid (no ATTNLAB_FLASH_SM90_CONSUMERS)", function()
     if not HAS_GPU then pending("no GPU") return end
     local dev = al.cuda.device_info(0)
@@ -1003,7 +1015,9 @@ describe("variants on the GPU #gpu", function()
       for _, f in ipairs({ softcap, slope }) do
         local big = on_gpu(args(10, 3072, 16, f, "cuda"))
         local o3, t3 = fwd_lines(big)
-        if f == softcap then assert(t3:find("fwd%-sm90 d128 bf16 nomask c3 variant %x+"), t3)
+        if f == softcap then
+          assert(t3:find("fwd%-sm90 d128 bf16 nomask c3 variant %x+"), t3)
+          assert.falsy(t3:find(" row0 ", 1, true), t3)   -- three consumers throughout pay: one launch, no split
         else
           assert(t3:find("fwd%-sm90 d128 bf16 nomask variant %x+"), t3)
           assert.falsy(t3:find(" c3 ", 1, true), t3)
@@ -1015,13 +1029,13 @@ describe("variants on the GPU #gpu", function()
     end)
   end)
 
-  -- The split grid (ATTNLAB_FLASH_SM90_CONSUMERS=split, an experiment): three consumers over each (batch, head)
-  -- pair's first rows, two over the rest from p.m_row0 (kernels/flash_fwd_sm90.cu's AL_SM90_ROW0); at 1 x 16 heads x
-  -- 4096 the host splits on an H100 or H200 (al_flash_sm90_c3_rows: 3072 rows on 132 SMs, 2304 on 114; some other
-  -- SM counts run one grid: the wave model is worked out here again from the device's SM count, and the flash log
-  -- must show the kernels it implies). Output and LSE against the same call with two consumers forced, and the
-  -- backward from each against the other.
-  it("[ATTNLAB_FLASH_SM90_CONSUMERS=split] soft-capping's split forward == two consumers, output, LSE and gradients",
+  -- The split grid (the default for a MUFU score_mod where three consumers throughout do not pay; forced by
+  -- ATTNLAB_FLASH_SM90_CONSUMERS=split): three consumers over each (batch, head) pair's first rows, two over the rest
+  -- from p.m_row0 (kernels/flash_fwd_sm90.cu's AL_SM90_ROW0); at 1 x 16 heads x 4096 the host splits on an H100 or
+  -- H200 (al_flash_sm90_split_rows: 3072 rows on 132 SMs, 2304 on 114; some other SM counts run one grid: the wave
+  -- model is worked out here again from the device's SM count, and the flash log must show the kernels it implies).
+  -- Output and LSE against the same call with two consumers forced, and the backward from each against the other.
+  it("soft-capping's forward splits its grid by default (1 x 16 x 4096) == two consumers, output, LSE and gradients",
      function()
     if not HAS_GPU then pending("no GPU") return end
     local dev = al.cuda.device_info(0)
@@ -1036,7 +1050,7 @@ describe("variants on the GPU #gpu", function()
     local before = {}
     for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do before[line] = true end
     local o_s, ctx_s, o_2, ctx_2
-    with_env("ATTNLAB_FLASH_SM90_CONSUMERS", "split", function() o_s, ctx_s = al.attention.forward(a) end)
+    with_env("ATTNLAB_FLASH_SM90_CONSUMERS", nil, function() o_s, ctx_s = al.attention.forward(a) end)
     local new = {}
     for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do
       if not before[line] and line:find("^fwd%-sm90 ") then new[#new + 1] = line end
@@ -1052,7 +1066,7 @@ describe("variants on the GPU #gpu", function()
       local cost = waves(k * hb) * 192 * 0.94 + waves(math.ceil((sq - 192 * k) / 128) * hb) * 128
       if cost < best then best, r3 = cost, 192 * k end
     end
-    local split = r3 > 0 and r3 < sq
+    local split = r3 > 0 and r3 < sq and all3 >= waves(math.ceil(sq / 128) * hb) * 128   -- not where three pay
     if dev.name:find("H100", 1, true) or dev.name:find("H200", 1, true) then assert.is_true(split) end
     if split then
       assert(text:find("fwd%-sm90 d128 bf16 nomask c3 variant %x+") and text:find("fwd%-sm90 d128 bf16 nomask row0 variant %x+"),

@@ -8,7 +8,8 @@ build(al, score_mod, mask_mod[, fname]) -> variant with
   dscore, score_grad_root       d(new logit)/d(score) and grad * it (the backward's score_grad)
   cap_grads                     {load, rec, partial, term} per distinct read of a parameter capture
   captures                      the capture records (attnlab.variants.trace)
-  cuda_score_mod, cuda_score_pre (+ score_post), cuda_score_grad, cuda_mask_mod, cuda_capture_grad,
+  cuda_score_mod, cuda_score_pre (+ score_post), cuda_score_grad (+ cuda_score_grad_pre, folded as score_pre),
+  cuda_mask_mod, cuda_capture_grad,
   cuda_prelude                  the C snippets (nil where not needed), score_lo / score_hi (proven bounds)
 v:source() returns the snippets, tostring(v) prints them with the captures; v:_bind_cpu(al) makes the
 f64 CPU copies of the captures the generated Lua reads (the oracle and block masks).
@@ -135,7 +136,14 @@ function Variant:_generate()
     -- a multi-function-unit op (tanh, exp, log, sqrt) in score_mod itself: the Hopper forward may then give the
     -- softmax a third consumer warpgroup (al_attn_variant.score_mufu; score_grad's and mask_mod's math do not count)
     self.score_mufu = uses.mufu == true
-    if cval(self.dscore) ~= 1 then self.cuda_score_grad = gen_cuda(self.score_grad_root, caps, uses) end
+    if cval(self.dscore) ~= 1 then
+      self.cuda_score_grad = gen_cuda(self.score_grad_root, caps, uses)
+      -- and folded as score_pre, so that the backward's logit and gradient share their terms (one multiply less
+      -- per score in each, flash_common.cuh); ATTNLAB_VARIANT_FOLD_GRAD=0 leaves it out (A/B measurements)
+      if self.cuda_score_pre and os.getenv("ATTNLAB_VARIANT_FOLD_GRAD") ~= "0" then
+        self.cuda_score_grad_pre = gen_cuda(self.score_grad_root, caps, uses, true)
+      end
+    end
     self.score_lo, self.score_hi = score_bounds(self.score_root)
   end
   if self.mask_root then
@@ -163,16 +171,19 @@ function Variant:mask_uses(name) return self.mask_root ~= nil and uses_var(self.
 function Variant:source()
   return { score_mod = self.cuda_score_mod, score_grad = self.cuda_score_grad, mask_mod = self.cuda_mask_mod,
     capture_grad = self.cuda_capture_grad, prelude = self.cuda_prelude, score_pre = self.cuda_score_pre,
-    score_post = self.cuda_score_pre and self.score_post or nil, score_lo = self.score_lo, score_hi = self.score_hi,
+    score_post = self.cuda_score_pre and self.score_post or nil, score_grad_pre = self.cuda_score_grad_pre,
+    score_lo = self.score_lo, score_hi = self.score_hi,
     score_mufu = self.score_mufu or false }
 end
 
 function Variant:__tostring()
   local s = self:source()
   local parts = { "attention variant" }
-  for _, k in ipairs({ "score_mod", "score_pre", "score_post", "score_grad", "mask_mod", "capture_grad", "prelude" }) do
-    if s[k] then
-      parts[#parts + 1] = string.format("  %-12s %s", k, ((tostring(s[k]):gsub("%s+$", "")):gsub("\n", "\n               ")))
+  for _, k in ipairs({ "score_mod", "score_pre", "score_post", "score_grad", "score_grad_pre", "mask_mod", "capture_grad",
+    "prelude" }) do
+    if s[k] then   -- (score_grad_pre printed as grad_pre, to keep the column)
+      parts[#parts + 1] = string.format("  %-12s %s", k == "score_grad_pre" and "grad_pre" or k,
+        ((tostring(s[k]):gsub("%s+$", "")):gsub("\n", "\n               ")))
     end
   end
   if s.score_lo then   -- (score_bounds: where hi - lo <= 64 the bf16 Hopper forward's fixed softmax max)
