@@ -11,7 +11,7 @@
 -- Without a usable GPU it says so and exits 0 (what variants cost on the CPU: bench/variants_cpu.lua).
 -- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments]
 --   (--experiments: section 1 also times the defaults' alternatives, two or three consumers or the split grid forced,
---   the sliced backward, the backward unfolded; --child-compile is the fresh-process half of 4)
+--   the sliced backward, the backward folded; --child-compile is the fresh-process half of 4)
 -- Each ratio compares configurations timed in interleaved rounds (median of 3; 1 with --quick).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
@@ -185,7 +185,8 @@ if section(1) then
       -- the defaults' alternatives: the forward's two or three consumers forced or its grid split where the host
       -- would not (src/cuda/flash_sm90_specs.h: two at b = 1 and 2 here on 132 SMs would be the split's, three at
       -- b = 4 the default), the plain kernel with three, the sliced backward (the lean one is the default), and the
-      -- backward's logit and gradient unfolded (ATTNLAB_VARIANT_FOLD_GRAD=0). Session 22's build switches (the tanh
+      -- backward's logit and gradient folded (ATTNLAB_VARIANT_FOLD_GRAD=1, opt-in until timed). Session 22's build
+      -- switches (the tanh
       -- or the exponentials partly on the FMA pipe, the c2 forward without ping-pong or S/O overlap) all measured
       -- slower on the H200 in session 23 (docs/PERFORMANCE.md) and are no longer timed here.
       local C2, C3, VD = { "ATTNLAB_FLASH_SM90_CONSUMERS", "2" }, { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }, "ATTNLAB_VARIANT_DEFINES"
@@ -194,7 +195,7 @@ if section(1) then
         { sc, { "ATTNLAB_FLASH_SM90_CONSUMERS", "split" }, "softcap 30, fwd split grid forced" },
         { nil, C3, "plain, fwd three consumers" },
         { sc, { VD, "AL_SM90_LEAN_MOD=0" }, "softcap 30, sliced backward" },
-        { sc, { "ATTNLAB_VARIANT_FOLD_GRAD", "0" }, "softcap 30, bwd logit + grad unfolded" } }) do
+        { sc, { "ATTNLAB_VARIANT_FOLD_GRAD", "1" }, "softcap 30, bwd logit + grad folded" } }) do
         local c = with(a, { score_mod = x[1] })
         ENV[c] = x[2]
         configs[#configs + 1], names[#names + 1] = c, x[3]

@@ -41,7 +41,8 @@ emit("softcap+relative_bias+document", function(score, b, h, q, kv) return soft(
   doc, true)
 -- the kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES, lua/attnlab/variants/cuda.lua): the sliced
 -- score_mod backward (the lean one is the default, compiled by the rows above), the forward without ping-pong, the
--- FMA-pipe tanh, the lean backward's FMA-pipe exponentials, so that CI compiles them (no spills, no serialised wgmma)
+-- FMA-pipe tanh, the lean backward's FMA-pipe exponentials, the folded backward, so that CI compiles them (no spills,
+-- no serialised wgmma)
 local ffi = require "ffi"
 pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=0 AL_SM90_PINGPONG=0", 1)
@@ -52,4 +53,12 @@ ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4", 1)
 emit("softcap[tanhfma4]", soft, nil, false)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_BWD_EX2_FMA_EVERY=4", 1)
 emit("softcap+document[bwdex2fma4]", soft, doc, true)
+-- the folded backward (ATTNLAB_VARIANT_FOLD_GRAD=1: score_grad_pre, opt-in until timed on a GPU) on the lean path,
+-- and on the sliced one beside a block-masked mask_mod
+ffi.C.unsetenv("ATTNLAB_VARIANT_DEFINES")
+ffi.C.setenv("ATTNLAB_VARIANT_FOLD_GRAD", "1", 1)
+emit("softcap[foldgrad]", soft, nil, false)
+ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=0", 1)
+emit("softcap+document[foldgrad,sliced]", soft, doc, true)
+ffi.C.unsetenv("ATTNLAB_VARIANT_FOLD_GRAD")
 ffi.C.unsetenv("ATTNLAB_VARIANT_DEFINES")
