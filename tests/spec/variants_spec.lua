@@ -905,6 +905,21 @@ describe("variants on the GPU #gpu", function()
     return ctx
   end
 
+  -- Each case { name, score_mod, mask_mod (with a 128 x 128 block mask), capture index } at d = 64 and 128, causal
+  -- bshd with GQA, through flash_vs_oracle; check(ctx, case) adds the caller's assertions
+  local SOFTCAP30 = function(score) return 30 * al.tanh(score / 30) end
+  local function causal_cases_vs_oracle(cases, check)
+    for _, d in ipairs({ 64, 128 }) do
+      for _, c in ipairs(cases) do
+        local a = { query_layer = rnd({ B, S, H, d }, "bf16"), key_layer = rnd({ B, S, HG, d }, "bf16"),
+          value_layer = rnd({ B, S, HG, d }, "bf16"), qkv_format = "bshd", attn_mask_type = "causal",
+          score_mod = c[2], mask_mod = c[3] }
+        if c[3] then a.block_mask = al.attention.block_mask(c[3], B, H, S, S, { block = 128 }) end
+        check(flash_vs_oracle(c[1] .. " d=" .. d, a, d, c[4]), c)
+      end
+    end
+  end
+
   -- The kernels' build switches under measurement (ATTNLAB_VARIANT_DEFINES): the sliced score_mod backward
   -- (AL_SM90_LEAN_MOD=0; the lean one is the default, checked by the default rows above: soft-capping, ALiBi through
   -- a capture read, soft-capping beside a block-masked document mask_mod, GQA, d = 64 and 128; a capture gradient
@@ -918,23 +933,14 @@ describe("variants on the GPU #gpu", function()
       if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
       with_env("ATTNLAB_VARIANT_DEFINES", defs, function()
         al.manual_seed(37)
-        local softcap = function(score) return 30 * al.tanh(score / 30) end
         local doc = EX.document.mask_mod
-        local cases = {
-          { "softcap", softcap, nil }, { "alibi", EX.alibi.score_mod, nil },
+        causal_cases_vs_oracle({
+          { "softcap", SOFTCAP30, nil }, { "alibi", EX.alibi.score_mod, nil },
           { "relative_bias", EX.relative_bias.score_mod, nil, EX.relative_bias.param },
-          { "softcap + document + block mask", softcap, doc },
-        }
-        for _, d in ipairs({ 64, 128 }) do
-          for _, c in ipairs(cases) do
-            local a = { query_layer = rnd({ B, S, H, d }, "bf16"), key_layer = rnd({ B, S, HG, d }, "bf16"),
-              value_layer = rnd({ B, S, HG, d }, "bf16"), qkv_format = "bshd", attn_mask_type = "causal",
-              score_mod = c[2], mask_mod = c[3] }
-            if c[3] then a.block_mask = al.attention.block_mask(c[3], B, H, S, S, { block = 128 }) end
-            local ctx = flash_vs_oracle(c[1] .. " d=" .. d, a, d, c[4])
-            assert.truthy(ctx.cvariant.prelude ~= nil and ffi.string(ctx.cvariant.prelude):find(defs:gsub("=", " "), 1, true))
-          end
-        end
+          { "softcap + document + block mask", SOFTCAP30, doc },
+        }, function(ctx)
+          assert.truthy(ctx.cvariant.prelude ~= nil and ffi.string(ctx.cvariant.prelude):find(defs:gsub("=", " "), 1, true))
+        end)
       end)
     end)
   end
@@ -954,19 +960,12 @@ describe("variants on the GPU #gpu", function()
         local function on_path(fn) if path[2] then with_env(path[2], path[3], fn) else fn() end end
         on_path(function()
           al.manual_seed(41)
-          local softcap = function(score) return 30 * al.tanh(score / 30) end
-          local cases = { { "softcap", softcap }, { "relative_bias", EX.relative_bias.score_mod, EX.relative_bias.param },
-            { "softcap + document + block mask", softcap, nil, EX.document.mask_mod } }
-          for _, d in ipairs({ 64, 128 }) do
-            for _, c in ipairs(cases) do
-              local a = { query_layer = rnd({ B, S, H, d }, "bf16"), key_layer = rnd({ B, S, HG, d }, "bf16"),
-                value_layer = rnd({ B, S, HG, d }, "bf16"), qkv_format = "bshd", attn_mask_type = "causal",
-                score_mod = c[2], mask_mod = c[4] }
-              if c[4] then a.block_mask = al.attention.block_mask(c[4], B, H, S, S, { block = 128 }) end
-              local ctx = flash_vs_oracle(c[1] .. " d=" .. d, a, d, c[3])
-              if c[2] == softcap then assert.truthy(ctx.cvariant.score_grad_pre ~= nil) end
-            end
-          end
+          causal_cases_vs_oracle({
+            { "softcap", SOFTCAP30, nil }, { "relative_bias", EX.relative_bias.score_mod, nil, EX.relative_bias.param },
+            { "softcap + document + block mask", SOFTCAP30, EX.document.mask_mod },
+          }, function(ctx, c)
+            if c[2] == SOFTCAP30 then assert.truthy(ctx.cvariant.score_grad_pre ~= nil) end
+          end)
         end)
       end)
     end)
