@@ -150,6 +150,17 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
 #ifndef AL_BWD_EX2_FMA_EVERY
 #define AL_BWD_EX2_FMA_EVERY 0
 #endif
+/* AL_SM90_BWD_EARLY_DP (an experiment, 0 = off; ATTNLAB_VARIANT_DEFINES, or a kernel folder's edited default): the
+ * dK/dV kernel issues dP^T = V dO^T right behind S^T, in a commit group of its own (the dQ kernel always did).
+ * 1: dP^T runs while step 2 computes P, so step 2's exponentials (and a score_mod's tanh) leave the warpgroup's
+ * critical path; dP^T's 32 accumulators are live through step 2, so the D columns are read from the stage's
+ * shared-memory copy in step 4 instead of being held from step 1 (session 11's first try, with them held,
+ * spilled 156 bytes). 2: S^T and dP^T both retire before one element-wise pass computes P and dS = P (dP - D)
+ * (from P in f32, one rounding, where the packed P is unpacked otherwise), and dV += P^T dO and dK += dS^T Q go
+ * out in one batch: two waits per tile instead of three, and no P f beside P in the lean path. */
+#ifndef AL_SM90_BWD_EARLY_DP
+#define AL_SM90_BWD_EARLY_DP 0
+#endif
 #if AL_VARIANT && (AL_HAS_CAPTURE_GRAD || (AL_HAS_SCORE_MOD && !(AL_SM90_LEAN_MOD && AL_BF16)))
 #define B90_SLICED 1
 #else
@@ -164,6 +175,8 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
  * variant path loads its own, per slice (read from this copy there, ALiBi's d = 128 dK/dV kernel spilled 32 bytes
  * and two soft-capping ones 8, session 15). */
 #define B90_STAGE_COLS (AL_SM90_ROLE == 0 && !B90_SLICED)
+#define B90_EARLY_DP (B90_STAGE_COLS && AL_SM90_BWD_EARLY_DP && !AL_SM90_DQ_ATOMIC)
+#define B90_ONE_PASS (B90_EARLY_DP && AL_SM90_BWD_EARLY_DP == 2)
 
 #if AL_HEAD_DIM == 64
 #define AL_WG_RS_D al_wgmma_rs_n64_tb
@@ -867,13 +880,13 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
             /* 1. S (role 0: S^T = K Q^T) */
             float sc[BN / 2];
-#if AL_SM90_ROLE == 1
+#if AL_SM90_ROLE == 1 || B90_EARLY_DP
             float dp[BN / 2];
 #endif
             al_wg_fence();
             b90_ss(sc, a0, t0);
             al_wg_commit();
-#if AL_SM90_ROLE == 1
+#if AL_SM90_ROLE == 1 || B90_EARLY_DP
             /* dP does not depend on P here: issued now, in a commit group of its own, it runs while step 2
              * computes P. ptxas moved the dP issue up between step 2's instructions by itself; with step 2 in two
              * copies behind a branch it could not, and dP waited for P (SASS, session 11). In the dK/dV kernel
@@ -887,20 +900,27 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
              * right before their use behind S's wait, they cost the backward 24-27% (session 12); loaded from global
              * memory here, 17% of the warps' stall samples waited for them (session 15). Columns past q_len hold
              * zeros: every such element is masked in step 2. */
+            const float *cs = (const float *)(smem_raw + (sCol + stg * COL_BYTES - al_smem_addr(smem_raw)));
+#if !B90_EARLY_DP
             float l2v[BN / 8][2], ddc[BN / 8][2];
-            {
-                const float *cs = (const float *)(smem_raw + (sCol + stg * COL_BYTES - al_smem_addr(smem_raw)));
 #pragma unroll
-                for (int t = 0; t < BN / 8; t++) {
-                    const float2 lv = *(const float2 *)(cs + t * 8 + tq * 2);
-                    const float2 dv = *(const float2 *)(cs + BN + t * 8 + tq * 2);
-                    l2v[t][0] = lv.x;
-                    l2v[t][1] = lv.y;
-                    ddc[t][0] = dv.x;
-                    ddc[t][1] = dv.y;
-                }
+            for (int t = 0; t < BN / 8; t++) {
+                const float2 lv = *(const float2 *)(cs + t * 8 + tq * 2);
+                const float2 dv = *(const float2 *)(cs + BN + t * 8 + tq * 2);
+                l2v[t][0] = lv.x;
+                l2v[t][1] = lv.y;
+                ddc[t][0] = dv.x;
+                ddc[t][1] = dv.y;
             }
+#endif
+#if B90_ONE_PASS
+            al_wg_wait<0>();                             /* S^T and dP^T retired */
+            al_wg_fence_regs_n64(dp);
+#elif B90_EARLY_DP
+            al_wg_wait<1>();                             /* S retired; dP^T may still run */
+#else
             al_wg_wait<0>();
+#endif
 #else
             al_wg_wait<1>();                             /* S retired; dP may still run */
 #endif
@@ -910,10 +930,15 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
              * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). Compiled twice: all_in
              * (a b90_flag) says every element of the tile is kept, and that copy has no per-element test. */
             al_u32 pa[BN / 16][4];
+#if B90_ONE_PASS
+            al_u32 da[BN / 16][4];                       /* dS^T, computed beside P */
+#endif
 #if B90_LEAN_MOD
             /* role 0: P f beside P (dV's operand); role 1 needs no P, pa holds P f */
 #if AL_SM90_ROLE == 0
+#if !B90_ONE_PASS
             al_u32 pf[BN / 16][4];
+#endif
             al_fl_seq sm = s;                            /* the hooks' h: this tile's query head */
             sm.h = hq;
 #else
@@ -926,6 +951,14 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                 float pe[4];
 #if B90_LEAN_MOD && AL_SM90_ROLE == 0
                 float fe[4];
+#endif
+#if B90_EARLY_DP
+                /* lse2 (and D) of columns 2 tq, 2 tq + 1 from the stage's copy, here: dP^T's accumulators are live */
+                const float2 lcol = *(const float2 *)(cs + t * 8 + tq * 2);
+#endif
+#if B90_ONE_PASS
+                float de[4];
+                const float2 dcol = *(const float2 *)(cs + BN + t * 8 + tq * 2);
 #endif
 #if B90_LEAN_MOD
 #if AL_BWD_EX2_FMA_EVERY > 0
@@ -948,7 +981,11 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
                     const int ok = decltype(all_in)::value || (orow < s.q_len && al_fl_valid(s, orow, col));
 #endif
 #if AL_SM90_ROLE == 0
+#if B90_EARLY_DP
+                    const float l2 = (e & 1) ? lcol.y : lcol.x;
+#else
                     const float l2 = l2v[t][e & 1];
+#endif
 #else
                     const float l2 = lr[e >> 1];
 #endif
@@ -967,16 +1004,25 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if AL_SM90_ROLE == 0
                     pe[e] = ok ? pv : 0.0f;
                     fe[e] = ok ? pv * fv : 0.0f;
+#if B90_ONE_PASS
+                    de[e] = fe[e] * (dp[t * 4 + e] - ((e & 1) ? dcol.y : dcol.x));
+#endif
 #else
                     pe[e] = ok ? pv * fv : 0.0f;
 #endif
 #else
                     pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
+#if B90_ONE_PASS
+                    de[e] = pe[e] * (dp[t * 4 + e] - ((e & 1) ? dcol.y : dcol.x));
+#endif
 #endif
                 }
                 pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pe[0], pe[1]);
                 pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pe[2], pe[3]);
-#if B90_LEAN_MOD && AL_SM90_ROLE == 0
+#if B90_ONE_PASS
+                da[t >> 1][(t & 1) * 2 + 0] = al_pack2(de[0], de[1]);
+                da[t >> 1][(t & 1) * 2 + 1] = al_pack2(de[2], de[3]);
+#elif B90_LEAN_MOD && AL_SM90_ROLE == 0
                 pf[t >> 1][(t & 1) * 2 + 0] = al_pack2(fe[0], fe[1]);
                 pf[t >> 1][(t & 1) * 2 + 1] = al_pack2(fe[2], fe[3]);
 #endif
@@ -994,9 +1040,26 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
             else p_step(b90_flag<false>());
 
+#if B90_ONE_PASS
+            /* 3-5 in one batch: dV += P^T dO and dK += dS^T Q (dS came out of step 2) */
+            al_wg_fence();
+            b90_rs(acc0, pa, t1);
+            b90_rs(acc1, da, t0);
+            al_wg_commit();
+            al_wg_wait<0>();
+            AL_WG_FENCE_D(acc0);
+            AL_WG_FENCE_D(acc1);
+            al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
+            al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
+#else
             /* 3. dP (role 0: dP^T = V dO^T), and role 0's dV += P^T dO in the same batch; the dQ kernel's dP was
              * issued in step 1 */
 #if AL_SM90_ROLE == 1
+            al_wg_wait<0>();
+#elif B90_EARLY_DP
+            al_wg_fence();
+            b90_rs(acc0, pa, t1);
+            al_wg_commit();
             al_wg_wait<0>();
 #else
             float dp[BN / 2];
@@ -1025,7 +1088,10 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             for (int t = 0; t < BN / 8; t++)
 #pragma unroll
                 for (int h2 = 0; h2 < 2; h2++) {         /* h2: row rl (0) or rl + 8 (1) */
-#if AL_SM90_ROLE == 0
+#if B90_EARLY_DP
+                    const float2 dv = *(const float2 *)(cs + BN + t * 8 + tq * 2);
+                    const float d0 = dv.x, d1 = dv.y;
+#elif AL_SM90_ROLE == 0
                     const float d0 = ddc[t][0], d1 = ddc[t][1];
 #else
                     const float d0 = dr[h2], d1 = dr[h2];
@@ -1097,6 +1163,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             AL_WG_FENCE_D(acc0);
 #endif
             al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
+#endif /* B90_ONE_PASS */
 #if AL_SM90_DQ_ATOMIC
             al_wg_fence_regs_n64(dqp);
             if (lane == 0) al_mbar_arrive(BAR_E(stg));

@@ -4,7 +4,7 @@
 #   scripts/flash_ab.sh AL_SM90_NEW_THING AL_SM90_OTHER+AL_SM90_THIRD
 #
 # For each NAME, a copy of kernels/ whose `#define NAME 0` default reads 1, or `#define NAME 1` reads 0
-# (build/ab/NAME; NAME A+B flips both in one folder). A new schedule goes in behind such a switch, off,
+# (build/ab/NAME; NAME A+B flips both in one folder; NAME=V sets the default to V). A new schedule goes in behind such a switch, off,
 # until this has timed it (session 12 timed and then folded in five: docs/PERFORMANCE.md); then
 # scripts/flash_ab.lua runs once per folder, in the order base, each NAME, base again (so drift of the
 # GPU's clocks shows as a base-to-base difference), each with its own compile cache. Prints the "T" lines
@@ -23,7 +23,14 @@ for n in "$@"; do
     cp -r kernels "$dir/$n"
     for x in ${n//+/ }; do   # A+B: both flipped in one folder
         f=("$dir/$n"/*.cu "$dir/$n"/*.cuh)
-        if grep -lq "^#define $x 0\$" "${f[@]}"; then
+        if [[ $x == *=* ]]; then   # NAME=V: the default set to V
+            if grep -lq "^#define ${x%%=*} [0-9]*\$" "${f[@]}"; then
+                sed -i "s/^#define ${x%%=*} [0-9]*\$/#define ${x%%=*} ${x#*=}/" "${f[@]}"
+            else
+                echo "flash_ab.sh: no '#define ${x%%=*} N' default in kernels/*.cu, *.cuh"
+                exit 2
+            fi
+        elif grep -lq "^#define $x 0\$" "${f[@]}"; then
             sed -i "s/^#define $x 0\$/#define $x 1/" "${f[@]}"
         elif grep -lq "^#define $x 1\$" "${f[@]}"; then
             sed -i "s/^#define $x 1\$/#define $x 0/" "${f[@]}"
