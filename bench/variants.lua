@@ -9,10 +9,12 @@
 -- 4. compile cost: a fresh variant's first call (NVRTC compile, target <= 1 s) and the same variant in
 --    a fresh process (disk-cached cubin load, target <= 10 ms), as first-call minus warm-call times.
 -- Without a usable GPU it says so and exits 0 (what variants cost on the CPU: bench/variants_cpu.lua).
--- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments]
+-- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments | --bwd-ab] [--rounds N]
 --   (--experiments: section 1 also times the defaults' alternatives, two or three consumers or the split grid forced,
---   the sliced backward, the backward folded; --child-compile is the fresh-process half of 4)
--- Each ratio compares configurations timed in interleaved rounds (median of 3; 1 with --quick).
+--   the sliced backward, the backward folded, the dK/dV kernel's dP^T early; --bwd-ab: section 1 times only the
+--   backward's alternatives, for A/Bs of a few percent (with --rounds 9 or more); --child-compile is the
+--   fresh-process half of 4)
+-- Each ratio compares configurations timed in interleaved rounds (median of 3 or --rounds N; 1 with --quick).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 local clock = require("attnlab.progress").clock
@@ -133,6 +135,7 @@ local median = al.results.median
 -- clocks follow its power and temperature history, so configurations timed minutes apart drift apart),
 -- each the median of its rounds. Returns { {fwd, bwd}, ... } in the order given.
 local ROUNDS = quick and 1 or 3
+for i, a in ipairs(arg or {}) do if a == "--rounds" and tonumber(arg[i + 1]) then ROUNDS = tonumber(arg[i + 1]) end end
 local function measure(...)
   local configs, douts = { ... }, {}
   for i, a in ipairs(configs) do   -- one call each first: compiles what the configuration runs
@@ -181,11 +184,23 @@ if section(1) then
     ENV[running] = { "ATTNLAB_FLASH_SM90_FIXED_MAX", "0" }
     local configs, names = { a, with(a, { score_mod = sc }), running },
       { "plain (reference)", "softcap 30 (score_mod)", "softcap 30, running max" }
-    if flags["--experiments"] then
+    if flags["--bwd-ab"] then
+      -- the backward's alternatives only (the variant's kernels; the plain reference stays the default build)
+      local VD, FG = "ATTNLAB_VARIANT_DEFINES", "ATTNLAB_VARIANT_FOLD_GRAD"
+      configs, names = { a, with(a, { score_mod = sc }) }, { "plain (reference)", "softcap 30 (score_mod)" }
+      for _, x in ipairs({ { { FG, "0" }, "softcap 30, bwd logit unfolded" },
+        { { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" },
+        { { FG, "0", VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, unfolded + one pass" } }) do
+        local c = with(a, { score_mod = sc })
+        ENV[c] = x[1]
+        configs[#configs + 1], names[#names + 1] = c, x[2]
+      end
+    elseif flags["--experiments"] then
       -- the defaults' alternatives: the forward's two or three consumers forced or its grid split where the host
       -- would not (src/cuda/flash_sm90_specs.h: two at b = 1 and 2 here on 132 SMs would be the split's, three at
       -- b = 4 the default), the plain kernel with three, the sliced backward (the lean one is the default), and the
-      -- backward's logit and gradient folded (ATTNLAB_VARIANT_FOLD_GRAD=1, opt-in until timed). Session 22's build
+      -- backward's logit and gradient unfolded (ATTNLAB_VARIANT_FOLD_GRAD=0; folded is the default), the dK/dV kernel's dP^T
+      -- issued beside S^T (AL_SM90_BWD_EARLY_DP=1: under step 2; =2: one element-wise pass, session 24). Session 22's build
       -- switches (the tanh
       -- or the exponentials partly on the FMA pipe, the c2 forward without ping-pong or S/O overlap) all measured
       -- slower on the H200 in session 23 (docs/PERFORMANCE.md) and are no longer timed here.
@@ -195,7 +210,9 @@ if section(1) then
         { sc, { "ATTNLAB_FLASH_SM90_CONSUMERS", "split" }, "softcap 30, fwd split grid forced" },
         { nil, C3, "plain, fwd three consumers" },
         { sc, { VD, "AL_SM90_LEAN_MOD=0" }, "softcap 30, sliced backward" },
-        { sc, { "ATTNLAB_VARIANT_FOLD_GRAD", "1" }, "softcap 30, bwd logit + grad folded" } }) do
+        { sc, { "ATTNLAB_VARIANT_FOLD_GRAD", "0" }, "softcap 30, bwd logit unfolded" },
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=1" }, "softcap 30, bwd dP^T under P" },
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" } }) do
         local c = with(a, { score_mod = x[1] })
         ENV[c] = x[2]
         configs[#configs + 1], names[#names + 1] = c, x[3]

@@ -53,12 +53,12 @@ ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4", 1)
 emit("softcap[tanhfma4]", soft, nil, false)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_BWD_EX2_FMA_EVERY=4", 1)
 emit("softcap+document[bwdex2fma4]", soft, doc, true)
--- the folded backward (ATTNLAB_VARIANT_FOLD_GRAD=1: score_grad_pre, opt-in until timed on a GPU) on the lean path,
--- and on the sliced one beside a block-masked mask_mod
+-- the unfolded backward (ATTNLAB_VARIANT_FOLD_GRAD=0: no score_grad_pre; the folded one is the default since
+-- session 24) on the lean path, and on the sliced one beside a block-masked mask_mod
 ffi.C.unsetenv("ATTNLAB_VARIANT_DEFINES")
-ffi.C.setenv("ATTNLAB_VARIANT_FOLD_GRAD", "1", 1)
-emit("softcap[foldgrad]", soft, nil, false)
+ffi.C.setenv("ATTNLAB_VARIANT_FOLD_GRAD", "0", 1)
+emit("softcap[nofoldgrad]", soft, nil, false)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=0", 1)
-emit("softcap+document[foldgrad,sliced]", soft, doc, true)
+emit("softcap+document[nofoldgrad,sliced]", soft, doc, true)
 ffi.C.unsetenv("ATTNLAB_VARIANT_FOLD_GRAD")
 ffi.C.unsetenv("ATTNLAB_VARIANT_DEFINES")

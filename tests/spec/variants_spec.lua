@@ -101,14 +101,15 @@ describe("variants: tracer and code generation", function()
     local s = src({ score_mod = function(score) return 30 * al.tanh(score / 30) end })
     assert.equal("al_v_tanh((acc * (scale * 0.0333333333f)))", s.score_pre)
     assert.equal(30, s.score_post)
-    -- ATTNLAB_VARIANT_FOLD_GRAD=1 (opt-in until timed on a GPU): its gradient in the same terms, so that the
-    -- backward's logit and gradient share the tanh in their folded form; by default not written
-    assert.is_nil(s.score_grad_pre)
-    with_env("ATTNLAB_VARIANT_FOLD_GRAD", "1", function()
+    -- and its gradient in the same terms, so that the backward's logit and gradient share the tanh in their folded
+    -- form (the default since session 24); ATTNLAB_VARIANT_FOLD_GRAD=0 leaves it out
+    assert.equal("(grad * (1.0f - (al_v_tanh((acc * (scale * 0.0333333333f))) * al_v_tanh((acc * (scale * " ..
+      "0.0333333333f))))))", s.score_grad_pre)
+    with_env("ATTNLAB_VARIANT_FOLD_GRAD", "0", function()
       local f = src({ score_mod = function(score) return 30 * al.tanh(score / 30) end })
-      assert.equal("(grad * (1.0f - (al_v_tanh((acc * (scale * 0.0333333333f))) * al_v_tanh((acc * (scale * " ..
-        "0.0333333333f))))))", f.score_grad_pre)
+      assert.is_nil(f.score_grad_pre)
       assert.equal(s.score_pre, f.score_pre)
+      assert.equal(s.score_grad, f.score_grad)
     end)
     -- a score_mod with its own MUFU operation moves an eighth of the forward's exponentials to the FMA pipe
     assert.truthy(s.prelude:find("#define AL_EX2_FMA_EVERY 8", 1, true), s.prelude)
@@ -121,18 +122,13 @@ describe("variants: tracer and code generation", function()
     local s3 = src({ score_mod = function(score, b, h, q, kv) return score + sl[h] * (kv - q) end })
     assert.equal("((acc * scale) + (((const float *)AL_CAP(0))[h] * (kv_idx - q_idx)))", s3.score_pre)
     assert.equal(1, s3.score_post)
-    with_env("ATTNLAB_VARIANT_FOLD_GRAD", "1", function()   -- an additive score_mod has no score_grad: nothing to fold
-      assert.is_nil(src({ score_mod = function(score, b, h, q, kv) return score + sl[h] * (kv - q) end }).score_grad_pre)
-    end)
+    assert.is_nil(s3.score_grad_pre)   -- an additive score_mod has no score_grad: nothing to fold
     assert.is_nil(s3.prelude)   -- no MUFU operation of its own: all exponentials stay on the MUFU
     local s4 = src({ score_mod = function(score, b, h, q, kv) return 2 * al.where(al.gt(q, kv), score, score / 4) end })
     assert.equal("((q_idx > kv_idx) ? (acc * scale) : (acc * (scale * 0.25f)))", s4.score_pre)
     assert.equal(2, s4.score_post)
     -- no score left in it: the same text as score_grad, and the backward still takes the folded logit
-    with_env("ATTNLAB_VARIANT_FOLD_GRAD", "1", function()
-      local f4 = src({ score_mod = function(score, b, h, q, kv) return 2 * al.where(al.gt(q, kv), score, score / 4) end })
-      assert.equal("(grad * (2 * ((q_idx > kv_idx) ? 1.0f : 0.25f)))", f4.score_grad_pre)
-    end)
+    assert.equal("(grad * (2 * ((q_idx > kv_idx) ? 1.0f : 0.25f)))", s4.score_grad_pre)
     -- a constant that cannot fold (1 / 1e-40 is not an f32 number) is left as a division
     local s5 = src({ score_mod = function(score) return score / 1e-40 end })
     assert.truthy(s5.score_pre:find("__fdividef((acc * scale), ", 1, true), s5.score_pre)
@@ -945,18 +941,19 @@ describe("variants on the GPU #gpu", function()
     end)
   end
 
-  -- The folded backward (ATTNLAB_VARIANT_FOLD_GRAD=1: score_grad_pre, the logit and its gradient both folded;
-  -- kernels/flash_common.cuh's AL_FL_SCORE_GRAD) on each backward path that reads it: the Hopper lean path (the
-  -- default for bf16 without capture gradients), the sliced one (AL_SM90_LEAN_MOD=0, and any capture gradient), and
-  -- the stage-1 kernels (ATTNLAB_FLASH_SM90_BWD=0); each against the CPU oracle
+  -- The unfolded backward (ATTNLAB_VARIANT_FOLD_GRAD=0: no score_grad_pre, so the backward's logit is score_mod of
+  -- acc * scale and score_grad reads the same terms; the folded form, kernels/flash_common.cuh's AL_FL_SCORE_GRAD,
+  -- is the default since session 24 and every other GPU test runs it) on each backward path: the Hopper lean path
+  -- (the default for bf16 without capture gradients), the sliced one (AL_SM90_LEAN_MOD=0, and any capture gradient),
+  -- and the stage-1 kernels (ATTNLAB_FLASH_SM90_BWD=0); each against the CPU oracle
   for _, path in ipairs({ { "lean" }, { "sliced", "ATTNLAB_VARIANT_DEFINES", "AL_SM90_LEAN_MOD=0" },
     { "stage-1", "ATTNLAB_FLASH_SM90_BWD", "0" } }) do
-    it("[ATTNLAB_VARIANT_FOLD_GRAD=1, " .. path[1] .. " backward] score_mod variants: flash (bf16) == CPU oracle",
+    it("[ATTNLAB_VARIANT_FOLD_GRAD=0, " .. path[1] .. " backward] score_mod variants: flash (bf16) == CPU oracle",
        function()
       if not HAS_GPU then pending("no GPU") return end
       local dev = al.cuda.device_info(0)
       if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
-      with_env("ATTNLAB_VARIANT_FOLD_GRAD", "1", function()
+      with_env("ATTNLAB_VARIANT_FOLD_GRAD", "0", function()
         local function on_path(fn) if path[2] then with_env(path[2], path[3], fn) else fn() end end
         on_path(function()
           al.manual_seed(41)
@@ -964,7 +961,7 @@ describe("variants on the GPU #gpu", function()
             { "softcap", SOFTCAP30, nil }, { "relative_bias", EX.relative_bias.score_mod, nil, EX.relative_bias.param },
             { "softcap + document + block mask", SOFTCAP30, EX.document.mask_mod },
           }, function(ctx, c)
-            if c[2] == SOFTCAP30 then assert.truthy(ctx.cvariant.score_grad_pre ~= nil) end
+            if c[2] == SOFTCAP30 then assert.truthy(ctx.cvariant.score_grad_pre == nil) end
           end)
         end)
       end)

@@ -139,9 +139,9 @@ function Variant:_generate()
     if cval(self.dscore) ~= 1 then
       self.cuda_score_grad = gen_cuda(self.score_grad_root, caps, uses)
       -- and folded as score_pre, so that the backward's logit and gradient share their terms (two multiplies less
-      -- per score, flash_common.cuh). Opt-in, ATTNLAB_VARIANT_FOLD_GRAD=1, until a GPU has checked and timed it
-      -- (session 23 wrote it after its last device time; variants_spec's GPU test and bench/variants.lua wait)
-      if self.cuda_score_pre and os.getenv("ATTNLAB_VARIANT_FOLD_GRAD") == "1" then
+      -- per score, flash_common.cuh; soft-capping's backward 1.167 -> 1.149x the plain kernel at 4x16x4096 on an
+      -- H100, session 24). ATTNLAB_VARIANT_FOLD_GRAD=0 leaves it out (A/B measurements)
+      if self.cuda_score_pre and os.getenv("ATTNLAB_VARIANT_FOLD_GRAD") ~= "0" then
         self.cuda_score_grad_pre = gen_cuda(self.score_grad_root, caps, uses, true)
       end
     end
