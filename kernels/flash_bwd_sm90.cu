@@ -120,8 +120,16 @@ constexpr int ST_BYTES = BN * D * 2;
 constexpr int DS_BYTES = AL_SM90_DQ_ATOMIC ? R * BN * 2 : 0;   /* one dS^T buffer [R keys][BN queries] */
 constexpr int COL_BYTES = 2 * BN * 4;         /* one stage's lse2 and D columns (role 0, plain path) */
 constexpr int OWN_BUFS = AL_SM90_PERSIST ? 2 : 1;   /* own row buffers (own0 | own1 each) */
-constexpr int PRODUCER_REGS = 56;
-constexpr int CONSUMER_REGS = 224;
+/* AL_SM90_BWD_CONSUMER_REGS (an experiment, default 224; ATTNLAB_VARIANT_DEFINES): the consumers' setmaxnreg, the
+ * producer warpgroup taking what is left (at most 56; 232 leaves it 48, 240 leaves 32): room for dP^T's accumulators
+ * beside the P step (AL_SM90_BWD_EARLY_DP) in the soft-capped kernels */
+#ifndef AL_SM90_BWD_CONSUMER_REGS
+#define AL_SM90_BWD_CONSUMER_REGS 224
+#endif
+constexpr int CONSUMER_REGS = AL_SM90_BWD_CONSUMER_REGS;
+constexpr int PRODUCER_REGS = (65536 - CONSUMER_REGS * 128 * NC) / 128 / 8 * 8 < 56
+                                  ? (65536 - CONSUMER_REGS * 128 * NC) / 128 / 8 * 8 : 56;
+static_assert(CONSUMER_REGS % 8 == 0 && CONSUMER_REGS <= 256 && PRODUCER_REGS >= 24, "setmaxnreg's range");
 static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register file");
 }  // namespace b90
@@ -157,7 +165,8 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
  * shared-memory copy in step 4 instead of being held from step 1 (session 11's first try, with them held,
  * spilled 156 bytes). 2: S^T and dP^T both retire before one element-wise pass computes P and dS = P (dP - D)
  * (from P in f32, one rounding, where the packed P is unpacked otherwise), and dV += P^T dO and dK += dS^T Q go
- * out in one batch: two waits per tile instead of three, and no P f beside P in the lean path. */
+ * out in one batch: two waits per tile instead of three, and no P f beside P in the lean path. 3 (FA3's order): as 1,
+ * but dV waits for dS and goes out beside dK: two waits per tile, the P step under dP^T. */
 #ifndef AL_SM90_BWD_EARLY_DP
 #define AL_SM90_BWD_EARLY_DP 0
 #endif
@@ -177,6 +186,7 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register
 #define B90_STAGE_COLS (AL_SM90_ROLE == 0 && !B90_SLICED)
 #define B90_EARLY_DP (B90_STAGE_COLS && AL_SM90_BWD_EARLY_DP && !AL_SM90_DQ_ATOMIC)
 #define B90_ONE_PASS (B90_EARLY_DP && AL_SM90_BWD_EARLY_DP == 2)
+#define B90_DV_WITH_DK (B90_EARLY_DP && AL_SM90_BWD_EARLY_DP == 3)
 
 #if AL_HEAD_DIM == 64
 #define AL_WG_RS_D al_wgmma_rs_n64_tb
@@ -1054,7 +1064,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #else
             /* 3. dP (role 0: dP^T = V dO^T), and role 0's dV += P^T dO in the same batch; the dQ kernel's dP was
              * issued in step 1 */
-#if AL_SM90_ROLE == 1
+#if AL_SM90_ROLE == 1 || B90_DV_WITH_DK
             al_wg_wait<0>();
 #elif B90_EARLY_DP
             al_wg_fence();
@@ -1070,7 +1080,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             al_wg_wait<0>();
 #endif
             al_wg_fence_regs_n64(dp);
-#if AL_SM90_ROLE == 0
+#if AL_SM90_ROLE == 0 && !B90_DV_WITH_DK
             AL_WG_FENCE_D(acc0);
 #if B90_LEAN_MOD
             al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);   /* dV's operand, retired: step 4 reads P f */
@@ -1129,8 +1139,11 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             al_fence_proxy_async();
 #endif
 
-            /* 5. role 0: dK += dS^T Q; role 1: dQ += dS K */
+            /* 5. role 0: dK += dS^T Q; role 1: dQ += dS K (B90_DV_WITH_DK: dV += P^T dO beside it) */
             al_wg_fence();
+#if B90_DV_WITH_DK
+            b90_rs(acc0, pa, t1);
+#endif
 #if AL_SM90_ROLE == 0
             b90_rs(acc1, da, t0);
 #else
@@ -1161,6 +1174,10 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             AL_WG_FENCE_D(acc1);
 #else
             AL_WG_FENCE_D(acc0);
+#endif
+#if B90_DV_WITH_DK
+            AL_WG_FENCE_D(acc0);
+            al_wg_fence_u32<4 * (BN / 16)>(&pa[0][0]);
 #endif
             al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
 #endif /* B90_ONE_PASS */

@@ -122,7 +122,8 @@ local VARIANT_DEFINES = {
   AL_SM90_LEAN_MOD = true,    -- flash_bwd_sm90.cu: bf16 score_mod without capture gradients on the plain path (1)
   AL_TANH_FMA_EVERY = true,   -- flash_fwd_sm90.cu: a bf16 score_mod's tanh on the FMA pipe every k-th column group (0)
   AL_BWD_EX2_FMA_EVERY = true, -- flash_bwd_sm90.cu: the lean path's exponentials on the FMA pipe every k-th column group (0)
-  AL_SM90_BWD_EARLY_DP = true, -- flash_bwd_sm90.cu: the dK/dV kernel issues dP^T beside S^T, under step 2 (0)
+  AL_SM90_BWD_EARLY_DP = true, -- flash_bwd_sm90.cu: the dK/dV kernel issues dP^T beside S^T (0; 1, 2, 3: its orders)
+  AL_SM90_BWD_CONSUMER_REGS = true, -- flash_bwd_sm90.cu: the backward consumers' setmaxnreg (224)
 }
 
 local function cuda_prelude(uses)
