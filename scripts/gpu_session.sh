@@ -5,7 +5,9 @@
 #   . .gpu-deps/env.sh && sh scripts/gpu_session.sh ["bench/x.lua --flag" ...]
 # JOBS (default 4): suites run at once, so the whole suite fits one 10-minute device call (the GPU has the
 # memory; each suite still gets the GPU to itself for its timing-free checks). SPECS: spec files to run
-# (default all); WITH_NVRTC=1 adds test_nvrtc_kernels (minutes of NVRTC compiles, no GPU needed).
+# (default all); WITH_NVRTC=1 adds test_nvrtc_kernels (minutes of NVRTC compiles, no GPU needed). SUITE_TIMEOUT
+# (default 300 s) bounds each suite: raise it where every kernel compiles afresh (an ATTNLAB_KERNEL_DIR with an edited
+# default: attention_flash_spec did not finish in 300 s so, session 24).
 OUT=${OUT:-/tmp/gpu-out}
 JOBS=${JOBS:-4}
 : "${BUSTED:?BUSTED is not set: source .gpu-deps/env.sh first (or set it to a busted command line)}"
@@ -30,7 +32,7 @@ done
 export OUT
 tr '\n' '\0' < "$list" | xargs -0 -P "$JOBS" -I{} sh -c '
   name=$(printf "%s" "$1" | cut -f1); cmd=$(printf "%s" "$1" | cut -f2-)
-  { echo "== $name"; sh scripts/tally.sh run "$OUT/suites/$name.log.part" timeout 300 $cmd > /dev/null 2>&1; \
+  { echo "== $name"; sh scripts/tally.sh run "$OUT/suites/$name.log.part" timeout "${SUITE_TIMEOUT:-300}" $cmd > /dev/null 2>&1; \
     cat "$OUT/suites/$name.log.part"; } > "$OUT/suites/$name.log" 2>&1
   rm -f "$OUT/suites/$name.log.part"' _ {}
 log="$OUT/test.log"
