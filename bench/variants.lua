@@ -117,15 +117,15 @@ local function under_env(a, fn)
   return r1, r2
 end
 
--- forward ms and forward+backward ms of one configuration, one round
+-- forward ms and backward ms of one configuration, one round. The backward is timed by itself on one forward's ctx
+-- (as bench/flash_bench.lua does): until session 24 it was forward+backward minus forward, two timings' noise in one
+-- figure (rows running the same backward read 1.13-1.22x at 3 rounds on an H100)
 local function measure_once(a, dout)
   return under_env(a, function()
     local tf = gpu_time(function() al.attention.forward(a) end)
-    local tfb = gpu_time(function()
-      local _, c = al.attention.forward(a)
-      al.attention.backward(c, dout)
-    end)
-    return tf, math.max(tfb - tf, 1e-6)
+    local _, c = al.attention.forward(a)
+    local tb = gpu_time(function() al.attention.backward(c, dout) end)
+    return tf, tb
   end)
 end
 
