@@ -184,43 +184,41 @@ if section(1) then
     ENV[running] = { "ATTNLAB_FLASH_SM90_FIXED_MAX", "0" }
     local configs, names = { a, with(a, { score_mod = sc }), running },
       { "plain (reference)", "softcap 30 (score_mod)", "softcap 30, running max" }
+    -- extra rows: { score_mod (nil: the plain kernel), ENV pairs, name }
+    local VD, FG = "ATTNLAB_VARIANT_DEFINES", "ATTNLAB_VARIANT_FOLD_GRAD"
+    local C2, C3 = { "ATTNLAB_FLASH_SM90_CONSUMERS", "2" }, { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }
+    local extra = {}
     if flags["--bwd-ab"] then
       -- the backward's alternatives only (the variant's kernels; the plain reference stays the default build)
-      local VD, FG = "ATTNLAB_VARIANT_DEFINES", "ATTNLAB_VARIANT_FOLD_GRAD"
       configs, names = { a, with(a, { score_mod = sc }) }, { "plain (reference)", "softcap 30 (score_mod)" }
-      for _, x in ipairs({ { { FG, "0" }, "softcap 30, bwd logit unfolded" },
-        { { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" },
-        { { VD, "AL_SM90_BWD_EARLY_DP=3" }, "softcap 30, bwd FA3 order" },
-        { { VD, "AL_SM90_BWD_EARLY_DP=3 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd FA3 order, 232 regs" },
-        { { VD, "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd one pass, 232 regs" } }) do
-        local c = with(a, { score_mod = sc })
-        ENV[c] = x[1]
-        configs[#configs + 1], names[#names + 1] = c, x[2]
-      end
+      extra = { { sc, { FG, "0" }, "softcap 30, bwd logit unfolded" },
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" },
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=3" }, "softcap 30, bwd FA3 order" },
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=3 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd FA3 order, 232 regs" },
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd one pass, 232 regs" } }
     elseif flags["--experiments"] then
       -- the defaults' alternatives: the forward's two or three consumers forced or its grid split where the host
       -- would not (src/cuda/flash_sm90_specs.h: two at b = 1 and 2 here on 132 SMs would be the split's, three at
-      -- b = 4 the default), the plain kernel with three, the sliced backward (the lean one is the default), and the
-      -- backward's logit and gradient unfolded (ATTNLAB_VARIANT_FOLD_GRAD=0; folded is the default), the dK/dV kernel's dP^T
-      -- issued beside S^T (AL_SM90_BWD_EARLY_DP=1: under step 2; =2: one element-wise pass; =3: FA3's order, session 24).
-      -- Session 22's build
-      -- switches (the tanh
-      -- or the exponentials partly on the FMA pipe, the c2 forward without ping-pong or S/O overlap) all measured
-      -- slower on the H200 in session 23 (docs/PERFORMANCE.md) and are no longer timed here.
-      local C2, C3, VD = { "ATTNLAB_FLASH_SM90_CONSUMERS", "2" }, { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }, "ATTNLAB_VARIANT_DEFINES"
-      for _, x in ipairs({ { sc, C2, "softcap 30, fwd two consumers" },
+      -- b = 4 the default), the plain kernel with three, the sliced backward (the lean one is the default), the
+      -- backward's logit and gradient unfolded (ATTNLAB_VARIANT_FOLD_GRAD=0; folded is the default), the dK/dV
+      -- kernel's dP^T issued beside S^T (AL_SM90_BWD_EARLY_DP=1: under step 2; =2: one element-wise pass; =3: FA3's
+      -- order, session 24). Session 22's build switches (the tanh or the exponentials partly on the FMA pipe, the c2
+      -- forward without ping-pong or S/O overlap) all measured slower on the H200 in session 23 (docs/PERFORMANCE.md)
+      -- and are no longer timed here.
+      extra = { { sc, C2, "softcap 30, fwd two consumers" },
         { sc, C3, "softcap 30, fwd three consumers" },
         { sc, { "ATTNLAB_FLASH_SM90_CONSUMERS", "split" }, "softcap 30, fwd split grid forced" },
         { nil, C3, "plain, fwd three consumers" },
         { sc, { VD, "AL_SM90_LEAN_MOD=0" }, "softcap 30, sliced backward" },
-        { sc, { "ATTNLAB_VARIANT_FOLD_GRAD", "0" }, "softcap 30, bwd logit unfolded" },
+        { sc, { FG, "0" }, "softcap 30, bwd logit unfolded" },
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=1" }, "softcap 30, bwd dP^T under P" },
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" },
-        { sc, { VD, "AL_SM90_BWD_EARLY_DP=3" }, "softcap 30, bwd FA3 order" } }) do
-        local c = with(a, { score_mod = x[1] })
-        ENV[c] = x[2]
-        configs[#configs + 1], names[#names + 1] = c, x[3]
-      end
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=3" }, "softcap 30, bwd FA3 order" } }
+    end
+    for _, x in ipairs(extra) do
+      local c = with(a, { score_mod = x[1] })
+      ENV[c] = x[2]
+      configs[#configs + 1], names[#names + 1] = c, x[3]
     end
     local m = measure(unpack(configs))
     local rf, rb = m[1][1], m[1][2]

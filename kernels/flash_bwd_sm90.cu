@@ -127,8 +127,8 @@ constexpr int OWN_BUFS = AL_SM90_PERSIST ? 2 : 1;   /* own row buffers (own0 | o
 #define AL_SM90_BWD_CONSUMER_REGS 224
 #endif
 constexpr int CONSUMER_REGS = AL_SM90_BWD_CONSUMER_REGS;
-constexpr int PRODUCER_REGS = (65536 - CONSUMER_REGS * 128 * NC) / 128 / 8 * 8 < 56
-                                  ? (65536 - CONSUMER_REGS * 128 * NC) / 128 / 8 * 8 : 56;
+constexpr int PRODUCER_LEFT = (65536 - CONSUMER_REGS * 128 * NC) / 128 / 8 * 8;   /* setmaxnreg: multiples of 8 */
+constexpr int PRODUCER_REGS = PRODUCER_LEFT < 56 ? PRODUCER_LEFT : 56;
 static_assert(CONSUMER_REGS % 8 == 0 && CONSUMER_REGS <= 256 && PRODUCER_REGS >= 24, "setmaxnreg's range");
 static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536, "register file");
