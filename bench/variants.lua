@@ -18,6 +18,7 @@
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 local clock = require("attnlab.progress").clock
+io.stdout:setvbuf("line")   -- rows show as they come where the output goes to a file (a device call cut short)
 
 local flags = {}
 for _, a in ipairs(arg or {}) do flags[a] = true end
