@@ -196,7 +196,8 @@ if section(1) then
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" },
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=3" }, "softcap 30, bwd FA3 order" },
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=3 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd FA3 order, 232 regs" },
-        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd one pass, 232 regs" } }
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd one pass, 232 regs" },
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_DQ_ONE_PASS=1" }, "softcap 30, bwd one pass, dQ one pass" } }
     elseif flags["--experiments"] then
       -- the defaults' alternatives: the forward's two or three consumers forced or its grid split where the host
       -- would not (src/cuda/flash_sm90_specs.h: two at b = 1 and 2 here on 132 SMs would be the split's, three at

@@ -176,6 +176,14 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= LAUNCH_REGS * NT
 #ifndef AL_SM90_BWD_EARLY_DP
 #define AL_SM90_BWD_EARLY_DP 0
 #endif
+/* AL_SM90_BWD_DQ_ONE_PASS (an experiment, 0 = off; ATTNLAB_VARIANT_DEFINES, or a kernel folder's edited default): the
+ * dQ kernel's counterpart of AL_SM90_BWD_EARLY_DP=2. Its dP is issued beside S already; here both retire before one
+ * element-wise pass computes P (P f in the lean path) and dS = P (dP - D) in f32 and packs dS alone, rounded once:
+ * the dQ kernel has no use for P itself, so the default's bf16 P (packed in step 2, unpacked in step 4) and its
+ * 16 registers go, at the price of step 2 no longer running under dP. */
+#ifndef AL_SM90_BWD_DQ_ONE_PASS
+#define AL_SM90_BWD_DQ_ONE_PASS 0
+#endif
 #if AL_VARIANT && (AL_HAS_CAPTURE_GRAD || (AL_HAS_SCORE_MOD && !(AL_SM90_LEAN_MOD && AL_BF16)))
 #define B90_SLICED 1
 #else
@@ -191,7 +199,8 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= LAUNCH_REGS * NT
  * and two soft-capping ones 8, session 15). */
 #define B90_STAGE_COLS (AL_SM90_ROLE == 0 && !B90_SLICED)
 #define B90_EARLY_DP (B90_STAGE_COLS && AL_SM90_BWD_EARLY_DP && !AL_SM90_DQ_ATOMIC)
-#define B90_ONE_PASS (B90_EARLY_DP && AL_SM90_BWD_EARLY_DP == 2)
+#define B90_DQ_ONE_PASS (AL_SM90_ROLE == 1 && !B90_SLICED && AL_SM90_BWD_DQ_ONE_PASS)
+#define B90_ONE_PASS ((B90_EARLY_DP && AL_SM90_BWD_EARLY_DP == 2) || B90_DQ_ONE_PASS)
 #define B90_DV_WITH_DK (B90_EARLY_DP && AL_SM90_BWD_EARLY_DP == 3)
 
 #if AL_HEAD_DIM == 64
@@ -937,6 +946,9 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #else
             al_wg_wait<0>();
 #endif
+#elif B90_DQ_ONE_PASS
+            al_wg_wait<0>();                             /* S and dP retired */
+            al_wg_fence_regs_n64(dp);
 #else
             al_wg_wait<1>();                             /* S retired; dP may still run */
 #endif
@@ -945,9 +957,11 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             /* 2. P (P^T), packed to 16 bits at once (the f32 S dies here: register pressure). Element e of n8
              * tile t is (owned row rl + 8 (e >> 1), column c0 + 8 t + 2 tq + (e & 1)). Compiled twice: all_in
              * (a b90_flag) says every element of the tile is kept, and that copy has no per-element test. */
+#if !B90_DQ_ONE_PASS
             al_u32 pa[BN / 16][4];
+#endif
 #if B90_ONE_PASS
-            al_u32 da[BN / 16][4];                       /* dS^T, computed beside P */
+            al_u32 da[BN / 16][4];                       /* dS (role 0: dS^T), computed beside P */
 #endif
 #if B90_LEAN_MOD
             /* role 0: P f beside P (dV's operand); role 1 needs no P, pa holds P f */
@@ -974,7 +988,9 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
 #if B90_ONE_PASS
                 float de[4];
+#if AL_SM90_ROLE == 0
                 const float2 dcol = *(const float2 *)(cs + BN + t * 8 + tq * 2);
+#endif
 #endif
 #if B90_LEAN_MOD
 #if AL_BWD_EX2_FMA_EVERY > 0
@@ -1025,16 +1041,23 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
 #else
                     pe[e] = ok ? pv * fv : 0.0f;
+#if B90_ONE_PASS
+                    de[e] = pe[e] * (dp[t * 4 + e] - dr[e >> 1]);
+#endif
 #endif
 #else
                     pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
-#if B90_ONE_PASS
+#if B90_ONE_PASS && AL_SM90_ROLE == 0
                     de[e] = pe[e] * (dp[t * 4 + e] - ((e & 1) ? dcol.y : dcol.x));
+#elif B90_ONE_PASS
+                    de[e] = pe[e] * (dp[t * 4 + e] - dr[e >> 1]);
 #endif
 #endif
                 }
+#if !B90_DQ_ONE_PASS
                 pa[t >> 1][(t & 1) * 2 + 0] = al_pack2(pe[0], pe[1]);
                 pa[t >> 1][(t & 1) * 2 + 1] = al_pack2(pe[2], pe[3]);
+#endif
 #if B90_ONE_PASS
                 da[t >> 1][(t & 1) * 2 + 0] = al_pack2(de[0], de[1]);
                 da[t >> 1][(t & 1) * 2 + 1] = al_pack2(de[2], de[3]);
@@ -1056,7 +1079,15 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
             else p_step(b90_flag<false>());
 
-#if B90_ONE_PASS
+#if B90_DQ_ONE_PASS
+            /* 5. dQ += dS K (dS came out of step 2) */
+            al_wg_fence();
+            b90_rs(acc0, da, t0);
+            al_wg_commit();
+            al_wg_wait<0>();
+            AL_WG_FENCE_D(acc0);
+            al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
+#elif B90_ONE_PASS
             /* 3-5 in one batch: dV += P^T dO and dK += dS^T Q (dS came out of step 2) */
             al_wg_fence();
             b90_rs(acc0, pa, t1);

@@ -53,6 +53,13 @@ ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4", 1)
 emit("softcap[tanhfma4]", soft, nil, false)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_BWD_EX2_FMA_EVERY=4", 1)
 emit("softcap+document[bwdex2fma4]", soft, doc, true)
+-- the backward's element-pass orders (AL_SM90_BWD_EARLY_DP 2 with the dQ kernel's one pass, and 3), with the consumers'
+-- 232 registers that keep the soft-capped dK/dV kernel free of spills under them (beside a block-masked document
+-- mask_mod mode 2 spills 4 bytes even so: not compiled here)
+ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_DQ_ONE_PASS=1 AL_SM90_BWD_CONSUMER_REGS=232", 1)
+emit("softcap[edp2,dq1pass,r232]", soft, nil, false)
+ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_EARLY_DP=3 AL_SM90_BWD_CONSUMER_REGS=232", 1)
+emit("softcap[edp3,r232]", soft, nil, false)
 -- the unfolded backward (ATTNLAB_VARIANT_FOLD_GRAD=0: no score_grad_pre; the folded one is the default since
 -- session 24) on the lean path, and on the sliced one beside a block-masked mask_mod
 ffi.C.unsetenv("ATTNLAB_VARIANT_DEFINES")

@@ -124,6 +124,7 @@ local VARIANT_DEFINES = {
   AL_BWD_EX2_FMA_EVERY = true, -- flash_bwd_sm90.cu: the lean path's exponentials on the FMA pipe every k-th column group (0)
   AL_SM90_BWD_EARLY_DP = true, -- flash_bwd_sm90.cu: the dK/dV kernel issues dP^T beside S^T (0; 1, 2, 3: its orders)
   AL_SM90_BWD_CONSUMER_REGS = true, -- flash_bwd_sm90.cu: the backward consumers' setmaxnreg (224)
+  AL_SM90_BWD_DQ_ONE_PASS = true,   -- flash_bwd_sm90.cu: the dQ kernel's P and dS in one pass after S and dP
 }
 
 local function cuda_prelude(uses)
