@@ -14,6 +14,7 @@
 --   ATTNLAB_BENCH_OUT=/path appends JSON lines like bench/attention_gpu_bench.lua.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
+io.stdout:setvbuf("line")   -- lines reach a log file as they come (a device call cut short keeps them)
 
 -- arguments first, so that a mistyped one is an error with or without a GPU
 local function usage_error(msg)

@@ -16,6 +16,7 @@
 -- `make`; XDG_CACHE_HOME at a fresh folder keeps the two runs' compile caches apart from older ones.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
+io.stdout:setvbuf("line")   -- lines reach a log file as they come (a device call cut short keeps them)
 local ffi = require "ffi"
 local clock = require("attnlab.progress").clock
 local dev = os.getenv("PROBE_CPU") and "cpu" or "cuda"
