@@ -1,7 +1,9 @@
 -- scripts/flash_probe.lua — one shape's flash forward and a few backwards, nothing else: the process to hand a
 -- profiler (ncu, nsys, compute-sanitizer). Random inputs, separate bshd tensors.
 --   luajit scripts/flash_probe.lua [--shape=b,h,s,d] [--mask=no_mask|causal] [--dtype=bf16|f16] [--calls=N]
--- Defaults: 4,16,4096,128, no_mask, bf16, 3 backwards after one forward. Each backward launches the pre pass and
+--                                  [--softcap=CAP]
+-- Defaults: 4,16,4096,128, no_mask, bf16, 3 backwards after one forward. --softcap=CAP runs soft-capping as a
+-- score_mod (CAP tanh(score / CAP), bench/variants.lua's section 1), the generated variant kernels instead. Each backward launches the pre pass and
 -- the Hopper dK/dV and dQ kernels (kernels/flash_bwd.cu, flash_bwd_sm90.cu), so the second backward's three
 -- kernels are launches 4-6 of regex "al_flash_bwd" (the first warms the module cache). Session 14's profile
 -- (docs/PERFORMANCE.md) was, from the repo root after `. .gpu-deps/env.sh`:
@@ -16,13 +18,13 @@ package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 
 local USAGE = "usage: luajit scripts/flash_probe.lua [--shape=b,h,s,d] [--mask=no_mask|causal] [--dtype=bf16|f16] " ..
-  "[--calls=N]"
+  "[--calls=N] [--softcap=CAP]"
 local function usage_error(msg)
   io.stderr:write("flash_probe: " .. msg .. "\n" .. USAGE .. "\n")
   os.exit(2)
 end
 
-local shape, mask, dtype, calls = { 4, 16, 4096, 128 }, "no_mask", "bf16", 3
+local shape, mask, dtype, calls, softcap = { 4, 16, 4096, 128 }, "no_mask", "bf16", 3, nil
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^%-%-([%w_]+)=(.*)$")
   if k == "shape" then
@@ -40,6 +42,9 @@ for _, a in ipairs(arg or {}) do
   elseif k == "calls" then
     if not v:match("^%d+$") or tonumber(v) < 1 then usage_error("--calls expects a positive integer, got " .. v) end
     calls = tonumber(v)
+  elseif k == "softcap" then
+    softcap = tonumber(v)
+    if not softcap or softcap <= 0 then usage_error("--softcap expects a positive number, got " .. v) end
   else
     usage_error("unknown argument " .. a)
   end
@@ -51,9 +56,10 @@ al.manual_seed(3)
 local function r() return al.randn({ b, s, h, d }, { dtype = dtype, device = "cuda" }) end
 local args = { query_layer = r(), key_layer = r(), value_layer = r(), qkv_format = "bshd", backend = "flash",
   attn_mask_type = mask }
+if softcap then args.score_mod = function(score) return softcap * al.tanh(score / softcap) end end
 local out, ctx = al.attention.forward(args)
 local dout = al.randn(out:size(), { dtype = dtype, device = "cuda" })
 for _ = 1, calls do al.attention.backward(ctx, dout) end
 al.cuda.synchronize()
-print(string.format("flash_probe: %dx%dx%dx%d %s %s, one forward and %d backward%s", b, h, s, d, dtype, mask, calls,
-  calls == 1 and "" or "s"))
+print(string.format("flash_probe: %dx%dx%dx%d %s %s%s, one forward and %d backward%s", b, h, s, d, dtype, mask,
+  softcap and string.format(", soft-capping %g (score_mod)", softcap) or "", calls, calls == 1 and "" or "s"))

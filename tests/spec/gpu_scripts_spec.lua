@@ -24,6 +24,7 @@ describe("GPU-only scripts", function()
     { "scripts/flash_probe.lua", "--dtype=f32", "--dtype expects bf16 or f16, got f32" },
     { "scripts/flash_probe.lua", "--calls=0", "--calls expects a positive integer, got 0" },
     { "scripts/flash_probe.lua", "--shape", "unknown argument --shape" },
+    { "scripts/flash_probe.lua", "--softcap=0", "--softcap expects a positive number, got 0" },
   }
   for _, c in ipairs(cases) do
     it(c[1] .. " " .. c[2] .. ": an error naming it", function()
@@ -37,7 +38,7 @@ describe("GPU-only scripts", function()
   for _, c in ipairs({ { "bench/flash_bench.lua", "--shape=2,4,256,64 --quick", "flash_bench: skipped, no usable GPU" },
     { "scripts/flash_sched_ab.lua", "--modes=0,default,4 --rounds=3 --env=ATTNLAB_FLASH_SCHED",
       "flash_sched_ab: skipped, no usable GPU" },
-    { "scripts/flash_probe.lua", "--shape=2,4,256,64 --mask=causal --dtype=f16 --calls=2",
+    { "scripts/flash_probe.lua", "--shape=2,4,256,64 --mask=causal --dtype=f16 --calls=2 --softcap=30",
       "flash_probe: skipped, no usable GPU" } }) do
     it(c[1] .. " with good arguments and no GPU: skipped, exit 0", function()
       local out, rc = run(c[1], c[2])
