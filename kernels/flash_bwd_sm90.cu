@@ -1036,21 +1036,23 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if AL_SM90_ROLE == 0
                     pe[e] = ok ? pv : 0.0f;
                     fe[e] = ok ? pv * fv : 0.0f;
-#if B90_ONE_PASS
-                    de[e] = fe[e] * (dp[t * 4 + e] - ((e & 1) ? dcol.y : dcol.x));
-#endif
 #else
                     pe[e] = ok ? pv * fv : 0.0f;
-#if B90_ONE_PASS
-                    de[e] = pe[e] * (dp[t * 4 + e] - dr[e >> 1]);
-#endif
 #endif
 #else
                     pe[e] = ok ? al_ex2(fmaf(sc[t * 4 + e], sl2, -l2)) : 0.0f;
-#if B90_ONE_PASS && AL_SM90_ROLE == 0
-                    de[e] = pe[e] * (dp[t * 4 + e] - ((e & 1) ? dcol.y : dcol.x));
-#elif B90_ONE_PASS
-                    de[e] = pe[e] * (dp[t * 4 + e] - dr[e >> 1]);
+#endif
+#if B90_ONE_PASS
+                    /* dS = P (dP - D) from the f32 P (the lean dK/dV path: P f) */
+#if AL_SM90_ROLE == 0
+                    const float dd = (e & 1) ? dcol.y : dcol.x;
+#else
+                    const float dd = dr[e >> 1];
+#endif
+#if B90_LEAN_MOD && AL_SM90_ROLE == 0
+                    de[e] = fe[e] * (dp[t * 4 + e] - dd);
+#else
+                    de[e] = pe[e] * (dp[t * 4 + e] - dd);
 #endif
 #endif
                 }

@@ -4,9 +4,9 @@
 #   scripts/flash_ab.sh AL_SM90_NEW_THING AL_SM90_OTHER+AL_SM90_THIRD
 #
 # For each NAME, a copy of kernels/ whose `#define NAME 0` default reads 1, or `#define NAME 1` reads 0
-# (build/ab/NAME; NAME A+B flips both in one folder; NAME=V sets the default to V). A new schedule goes in behind such a switch, off,
-# until this has timed it (session 12 timed and then folded in five: docs/PERFORMANCE.md); then
-# scripts/flash_ab.lua runs once per folder, in the order base, each NAME, base again (so drift of the
+# (build/ab/NAME; NAME A+B flips both in one folder; NAME=V sets the default to V). A new schedule goes in
+# behind such a switch, off, until this has timed it (session 12 timed and then folded in five:
+# docs/PERFORMANCE.md); then scripts/flash_ab.lua runs once per folder, in the order base, each NAME, base again (so drift of the
 # GPU's clocks shows as a base-to-base difference), each with its own compile cache. Prints the "T" lines
 # (forward and backward times) of every run and, per NAME, whether its "C" lines (bit-exact hashes of
 # outputs and gradients) equal the base's; exits 1 if any differ or a run fails. AB_DIR=build/ab.

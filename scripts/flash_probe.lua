@@ -3,9 +3,10 @@
 --   luajit scripts/flash_probe.lua [--shape=b,h,s,d] [--mask=no_mask|causal] [--dtype=bf16|f16] [--calls=N]
 --                                  [--softcap=CAP]
 -- Defaults: 4,16,4096,128, no_mask, bf16, 3 backwards after one forward. --softcap=CAP runs soft-capping as a
--- score_mod (CAP tanh(score / CAP), bench/variants.lua's section 1), the generated variant kernels instead. Each backward launches the pre pass and
--- the Hopper dK/dV and dQ kernels (kernels/flash_bwd.cu, flash_bwd_sm90.cu), so the second backward's three
--- kernels are launches 4-6 of regex "al_flash_bwd" (the first warms the module cache). Session 14's profile
+-- score_mod (CAP tanh(score / CAP), bench/variants.lua's section 1): the generated variant kernels instead.
+-- Each backward launches the pre pass and the Hopper dK/dV and dQ kernels (kernels/flash_bwd.cu,
+-- flash_bwd_sm90.cu), so the second backward's three kernels are launches 4-6 of regex "al_flash_bwd" (the first
+-- warms the module cache). Session 14's profile
 -- (docs/PERFORMANCE.md) was, from the repo root after `. .gpu-deps/env.sh`:
 --   ncu --clock-control none --kernel-name regex:"al_flash_bwd" --launch-skip 3 --launch-count 3 \
 --       --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,\

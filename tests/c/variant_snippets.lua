@@ -56,7 +56,8 @@ emit("softcap+document[bwdex2fma4]", soft, doc, true)
 -- the backward's element-pass orders (AL_SM90_BWD_EARLY_DP 2 with the dQ kernel's one pass, and 3), with the consumers'
 -- 232 registers that keep the soft-capped dK/dV kernel free of spills under them (beside a block-masked document
 -- mask_mod mode 2 spills 4 bytes even so: not compiled here)
-ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_DQ_ONE_PASS=1 AL_SM90_BWD_CONSUMER_REGS=232", 1)
+ffi.C.setenv("ATTNLAB_VARIANT_DEFINES",
+  "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_DQ_ONE_PASS=1 AL_SM90_BWD_CONSUMER_REGS=232", 1)
 emit("softcap[edp2,dq1pass,r232]", soft, nil, false)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_EARLY_DP=3 AL_SM90_BWD_CONSUMER_REGS=232", 1)
 emit("softcap[edp3,r232]", soft, nil, false)

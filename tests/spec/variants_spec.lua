@@ -200,7 +200,8 @@ describe("variants: tracer and code generation", function()
       with_env("ATTNLAB_VARIANT_DEFINES", bad, function()
         local e = err_of(src, sc)
         assert.truthy(e:find("ATTNLAB_VARIANT_DEFINES", 1, true) and e:find("'" .. bad .. "'", 1, true), e)
-        assert.truthy(e:find("AL_BWD_EX2_FMA_EVERY, AL_SM90_BWD_CONSUMER_REGS, AL_SM90_BWD_DQ_ONE_PASS, AL_SM90_BWD_EARLY_DP, AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE, AL_TANH_FMA_EVERY", 1, true), e)
+        assert.truthy(e:find("AL_BWD_EX2_FMA_EVERY, AL_SM90_BWD_CONSUMER_REGS, AL_SM90_BWD_DQ_ONE_PASS, " ..
+          "AL_SM90_BWD_EARLY_DP, AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE, AL_TANH_FMA_EVERY", 1, true), e)
       end)
     end
   end)
@@ -925,7 +926,8 @@ describe("variants on the GPU #gpu", function()
   -- and, with 2, the dQ kernel's one element pass (AL_SM90_BWD_DQ_ONE_PASS), each against the CPU oracle
   for _, defs in ipairs({ "AL_SM90_LEAN_MOD=0", "AL_BWD_EX2_FMA_EVERY=4", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0",
     "AL_TANH_FMA_EVERY=2", "AL_SM90_BWD_EARLY_DP=1", "AL_SM90_BWD_EARLY_DP=2",
-    "AL_SM90_BWD_EARLY_DP=3, AL_SM90_BWD_CONSUMER_REGS=232", "AL_SM90_BWD_EARLY_DP=2, AL_SM90_BWD_DQ_ONE_PASS=1, AL_SM90_BWD_CONSUMER_REGS=232" }) do
+    "AL_SM90_BWD_EARLY_DP=3, AL_SM90_BWD_CONSUMER_REGS=232",
+    "AL_SM90_BWD_EARLY_DP=2, AL_SM90_BWD_DQ_ONE_PASS=1, AL_SM90_BWD_CONSUMER_REGS=232" }) do
     it("[ATTNLAB_VARIANT_DEFINES=" .. defs .. "] score_mod variants: flash (bf16) == CPU oracle, forward and backward",
        function()
       if not HAS_GPU then pending("no GPU") return end
@@ -939,9 +941,9 @@ describe("variants on the GPU #gpu", function()
           { "relative_bias", EX.relative_bias.score_mod, nil, EX.relative_bias.param },
           { "softcap + document + block mask", SOFTCAP30, doc },
         }, function(ctx)
-          for def in defs:gmatch("[^,%s]+") do
-            assert.truthy(ctx.cvariant.prelude ~= nil and ffi.string(ctx.cvariant.prelude):find(def:gsub("=", " "), 1, true))
-          end
+          assert.truthy(ctx.cvariant.prelude ~= nil)
+          local prelude = ffi.string(ctx.cvariant.prelude)
+          for def in defs:gmatch("[^,%s]+") do assert.truthy(prelude:find(def:gsub("=", " "), 1, true), def) end
         end)
       end)
     end)
