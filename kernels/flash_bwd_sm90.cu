@@ -172,7 +172,11 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= LAUNCH_REGS * NT
  * spilled 156 bytes). 2: S^T and dP^T both retire before one element-wise pass computes P and dS = P (dP - D)
  * (from P in f32, one rounding, where the packed P is unpacked otherwise), and dV += P^T dO and dK += dS^T Q go
  * out in one batch: two waits per tile instead of three, and no P f beside P in the lean path. 3 (FA3's order): as 1,
- * but dV waits for dS and goes out beside dK: two waits per tile, the P step under dP^T. */
+ * but dV waits for dS and goes out beside dK: two waits per tile, the P step under dP^T. Session 26 (H100, 11 rounds,
+ * four runs): mode 2 in the soft-capped kernels alone 1-3% faster than the default at every b, and in every kernel
+ * the plain backward 0-3% faster too; mode 3 slower than mode 2 at every b. Not the default yet: the plain kernels
+ * under it have not run attention_flash_spec (every kernel compiles afresh there: more than a device call's 10
+ * minutes), and the soft-capped d = 128 dK/dV kernel spills 8 bytes at 224 registers (none at 232). */
 #ifndef AL_SM90_BWD_EARLY_DP
 #define AL_SM90_BWD_EARLY_DP 0
 #endif
@@ -180,7 +184,8 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= LAUNCH_REGS * NT
  * dQ kernel's counterpart of AL_SM90_BWD_EARLY_DP=2. Its dP is issued beside S already; here both retire before one
  * element-wise pass computes P (P f in the lean path) and dS = P (dP - D) in f32 and packs dS alone, rounded once:
  * the dQ kernel has no use for P itself, so the default's bf16 P (packed in step 2, unpacked in step 4) and its
- * 16 registers go, at the price of step 2 no longer running under dP. */
+ * 16 registers go, at the price of step 2 no longer running under dP. Beside mode 2 (session 26, four runs) within
+ * -1.5% .. +3% of mode 2 alone: no clear gain. */
 #ifndef AL_SM90_BWD_DQ_ONE_PASS
 #define AL_SM90_BWD_DQ_ONE_PASS 0
 #endif
@@ -190,6 +195,32 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= LAUNCH_REGS * NT
 #define B90_SLICED 0
 #endif
 #define B90_LEAN_MOD (AL_VARIANT && AL_HAS_SCORE_MOD && !B90_SLICED)
+/* AL_SM90_BWD_PINGPONG (an experiment, 0 = off; ATTNLAB_VARIANT_DEFINES, or a kernel folder's edited default): the
+ * two consumer warpgroups take turns to issue their products, as the forward's ping-pong. Both walk the same stream
+ * tiles behind the same stage barriers, so without it they run in step: both issue S (and dP), both wait, both
+ * compute P at once (a soft-capped element puts a tanh and an exponential on the MUFU: two warpgroups' P steps at
+ * once take twice as long) while the tensor cores idle, then both issue dQ. ncu of the soft-capped dQ kernel
+ * (2x16x4096x128, session 26): tensor pipe 61% busy, the MUFU 41%, against 81% / 27% in the plain kernel; that
+ * lock-step model predicts 61% and 43%. With turns, warpgroup w waits on named barrier 4 + w before each batch of
+ * products (a turn) and arrives on the other's after it, so one warpgroup's element-wise steps run under the other's
+ * products. Warpgroup 1 opens with an arrive on warpgroup 0's barrier and warpgroup 0 closes with a sync on it,
+ * per item, so that arrives and syncs pair up (named barriers 2 and 3 are the epilogue's, 1 the dQ atomics').
+ * Measured neutral (H100, session 26): flash_ab's plain and soft-capped backward within 1% either way, outputs and
+ * gradients bit-identical (19 cases); soft-capping's backward 0-1.6% faster in bench/variants.lua, within its noise.
+ * So the lock-step model was wrong: ncu's stall samples of the soft-capped dQ kernel sit on the element-wise work
+ * itself (MUFU queue 11% against 3.5% plain, issue 20%), not on the products' waits (12.5% against 20% plain).
+ * In the dK/dV kernel the turns' barriers made ptxas spill 8-88 bytes: the dQ kernel only. */
+#ifndef AL_SM90_BWD_PINGPONG
+#define AL_SM90_BWD_PINGPONG 0
+#endif
+#define B90_PP (AL_SM90_BWD_PINGPONG && AL_SM90_ROLE == 1 && !B90_SLICED && AL_SM90_CONSUMERS == 2)
+#if B90_PP
+#define B90_TURN_BEGIN() al_named_sync(4 + cw, 256)
+#define B90_TURN_END() al_named_arrive(5 - cw, 256)
+#else
+#define B90_TURN_BEGIN() ((void)0)
+#define B90_TURN_END() ((void)0)
+#endif
 /* The dK/dV kernel's plain path gets each query tile's lse2 and D columns from shared memory: the producer warp
  * copies them with cp.async beside the tile's TMA loads (zero-filled past q_len, where P is masked anyway), and
  * the tile's "full" barrier also waits for those copies (32 more arrivals). The consumers used to load them
@@ -742,6 +773,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             dr[r] = i < s.q_len ? p.dsum[o] : 0.0f;
         }
 #endif
+        if (B90_PP && cw == 1 && nstream > 0) al_named_arrive(4, 256);   /* warpgroup 0 takes the first turn */
         for (int j = 0; j < nstream; j++, jg++) {
             const int stg = jg % ST, ph = (jg / ST) & 1;
             const al_u32 t0 = sS0 + stg * ST_BYTES, t1 = sS1 + stg * ST_BYTES;
@@ -908,6 +940,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if AL_SM90_ROLE == 1 || B90_EARLY_DP
             float dp[BN / 2];
 #endif
+            B90_TURN_BEGIN();
             al_wg_fence();
             b90_ss(sc, a0, t0);
             al_wg_commit();
@@ -919,6 +952,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             b90_ss(dp, a1, t1);
             al_wg_commit();
 #endif
+            B90_TURN_END();
 #if AL_SM90_ROLE == 0
             /* this thread's lse2 and D columns, read while S runs from the stage's copy in shared memory
              * (B90_STAGE_COLS), as 8-byte pairs. Loaded in step 2 instead, each through its own 64-bit address, and
@@ -1083,18 +1117,22 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 
 #if B90_DQ_ONE_PASS
             /* 5. dQ += dS K (dS came out of step 2) */
+            B90_TURN_BEGIN();
             al_wg_fence();
             b90_rs(acc0, da, t0);
             al_wg_commit();
+            B90_TURN_END();
             al_wg_wait<0>();
             AL_WG_FENCE_D(acc0);
             al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
 #elif B90_ONE_PASS
             /* 3-5 in one batch: dV += P^T dO and dK += dS^T Q (dS came out of step 2) */
+            B90_TURN_BEGIN();
             al_wg_fence();
             b90_rs(acc0, pa, t1);
             b90_rs(acc1, da, t0);
             al_wg_commit();
+            B90_TURN_END();
             al_wg_wait<0>();
             AL_WG_FENCE_D(acc0);
             AL_WG_FENCE_D(acc1);
@@ -1106,16 +1144,20 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if AL_SM90_ROLE == 1 || B90_DV_WITH_DK
             al_wg_wait<0>();
 #elif B90_EARLY_DP
+            B90_TURN_BEGIN();
             al_wg_fence();
             b90_rs(acc0, pa, t1);
             al_wg_commit();
+            B90_TURN_END();
             al_wg_wait<0>();
 #else
             float dp[BN / 2];
+            B90_TURN_BEGIN();
             al_wg_fence();
             b90_ss(dp, a1, t1);
             b90_rs(acc0, pa, t1);
             al_wg_commit();
+            B90_TURN_END();
             al_wg_wait<0>();
 #endif
             al_wg_fence_regs_n64(dp);
@@ -1179,6 +1221,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif
 
             /* 5. role 0: dK += dS^T Q; role 1: dQ += dS K (B90_DV_WITH_DK: dV += P^T dO beside it) */
+            B90_TURN_BEGIN();
             al_wg_fence();
 #if B90_DV_WITH_DK
             b90_rs(acc0, pa, t1);
@@ -1189,6 +1232,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             b90_rs(acc0, da, t0);
 #endif
             al_wg_commit();
+            B90_TURN_END();
 #if AL_SM90_DQ_ATOMIC
             /* 6. dQ[:, 64 cw, + 64) of this tile = dS K_own, once both warpgroups' dS^T halves are in the buffer
              * and dK's product has retired (with dS's fragments still live beside dQ's 32 accumulators the kernel
@@ -1244,6 +1288,7 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #endif /* B90_SLICED */
             if (lane == 0) al_mbar_arrive(BAR_E(stg));
         }
+        if (B90_PP && cw == 0 && nstream > 0) al_named_sync(4, 256);   /* warpgroup 1's last arrive */
 
         /* epilogue: through the caller's strides and dtype (dense rows past the sequence: zeros). Gradients in the
          * kernel's 16-bit dtype with unit column stride and 16-byte-aligned rows (the usual case: separate or packed

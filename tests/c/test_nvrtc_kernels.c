@@ -433,7 +433,7 @@ int main(void) {
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal; three consumers: bf16 d128 no mask,
      * bf16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
-    enum { MAX_GEN = 16, JOBS_PER_GEN = 9 };
+    enum { MAX_GEN = 24, JOBS_PER_GEN = 9 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");

@@ -61,6 +61,9 @@ ffi.C.setenv("ATTNLAB_VARIANT_DEFINES",
 emit("softcap[edp2,dq1pass,r232]", soft, nil, false)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_EARLY_DP=3 AL_SM90_BWD_CONSUMER_REGS=232", 1)
 emit("softcap[edp3,r232]", soft, nil, false)
+-- the dQ kernel's consumers taking turns (AL_SM90_BWD_PINGPONG), beside a block-masked document mask_mod
+ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_PINGPONG=1", 1)
+emit("softcap+document[dqpp]", soft, doc, true)
 -- the unfolded backward (ATTNLAB_VARIANT_FOLD_GRAD=0: no score_grad_pre; the folded one is the default since
 -- session 24) on the lean path, and on the sliced one beside a block-masked mask_mod
 ffi.C.unsetenv("ATTNLAB_VARIANT_DEFINES")

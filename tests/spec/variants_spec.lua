@@ -201,7 +201,8 @@ describe("variants: tracer and code generation", function()
         local e = err_of(src, sc)
         assert.truthy(e:find("ATTNLAB_VARIANT_DEFINES", 1, true) and e:find("'" .. bad .. "'", 1, true), e)
         assert.truthy(e:find("AL_BWD_EX2_FMA_EVERY, AL_SM90_BWD_CONSUMER_REGS, AL_SM90_BWD_DQ_ONE_PASS, " ..
-          "AL_SM90_BWD_EARLY_DP, AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE, AL_TANH_FMA_EVERY", 1, true), e)
+          "AL_SM90_BWD_EARLY_DP, AL_SM90_BWD_PINGPONG, AL_SM90_LEAN_MOD, AL_SM90_PINGPONG, AL_SM90_PIPE, " ..
+          "AL_TANH_FMA_EVERY", 1, true), e)
       end)
     end
   end)
@@ -923,11 +924,13 @@ describe("variants on the GPU #gpu", function()
   -- keeps the sliced path), the forward without ping-pong or without the S / O overlap, its FMA-pipe tanh in every
   -- other column group, the lean backward's FMA-pipe exponentials in every fourth, and the dK/dV kernel's dP^T issued
   -- beside S^T (AL_SM90_BWD_EARLY_DP 1-3, 3 with the consumers' 232 registers: session 24's first split of those hung)
-  -- and, with 2, the dQ kernel's one element pass (AL_SM90_BWD_DQ_ONE_PASS), each against the CPU oracle
+  -- and, with 2, the dQ kernel's one element pass (AL_SM90_BWD_DQ_ONE_PASS), and the dQ kernel's consumers taking
+  -- turns (AL_SM90_BWD_PINGPONG, alone and with the one pass), each against the CPU oracle
   for _, defs in ipairs({ "AL_SM90_LEAN_MOD=0", "AL_BWD_EX2_FMA_EVERY=4", "AL_SM90_PINGPONG=0", "AL_SM90_PIPE=0",
     "AL_TANH_FMA_EVERY=2", "AL_SM90_BWD_EARLY_DP=1", "AL_SM90_BWD_EARLY_DP=2",
     "AL_SM90_BWD_EARLY_DP=3, AL_SM90_BWD_CONSUMER_REGS=232",
-    "AL_SM90_BWD_EARLY_DP=2, AL_SM90_BWD_DQ_ONE_PASS=1, AL_SM90_BWD_CONSUMER_REGS=232" }) do
+    "AL_SM90_BWD_EARLY_DP=2, AL_SM90_BWD_DQ_ONE_PASS=1, AL_SM90_BWD_CONSUMER_REGS=232",
+    "AL_SM90_BWD_PINGPONG=1", "AL_SM90_BWD_PINGPONG=1, AL_SM90_BWD_DQ_ONE_PASS=1" }) do
     it("[ATTNLAB_VARIANT_DEFINES=" .. defs .. "] score_mod variants: flash (bf16) == CPU oracle, forward and backward",
        function()
       if not HAS_GPU then pending("no GPU") return end

@@ -125,6 +125,7 @@ local VARIANT_DEFINES = {
   AL_SM90_BWD_EARLY_DP = true, -- flash_bwd_sm90.cu: the dK/dV kernel issues dP^T beside S^T (0; 1, 2, 3: its orders)
   AL_SM90_BWD_CONSUMER_REGS = true, -- flash_bwd_sm90.cu: the backward consumers' setmaxnreg (224)
   AL_SM90_BWD_DQ_ONE_PASS = true,   -- flash_bwd_sm90.cu: the dQ kernel's P and dS in one pass after S and dP
+  AL_SM90_BWD_PINGPONG = true,      -- flash_bwd_sm90.cu: the dQ kernel's two consumer warpgroups take turns (0)
 }
 
 local function cuda_prelude(uses)
