@@ -7,9 +7,14 @@
 # memory; each suite still gets the GPU to itself for its timing-free checks). SPECS: spec files to run
 # (default all); WITH_NVRTC=1 adds test_nvrtc_kernels (minutes of NVRTC compiles, no GPU needed). SUITE_TIMEOUT
 # (default 300 s) bounds each suite: raise it where every kernel compiles afresh (an ATTNLAB_KERNEL_DIR with an edited
-# default: attention_flash_spec did not finish in 300 s so, session 24).
+# default: attention_flash_spec did not finish in 300 s so, session 24, nor alone in 390 s on a fresh machine, session
+# 26). SHARDS=N (default 1) splits every spec file into N processes (ATTNLAB_SPEC_SHARD=I/N, tests/spec/helper.lua:
+# each runs every N-th test), so that one file's compiles and CPU oracles use N cores; its suites are named
+# FILE.I-of-N. E.g. SPECS=tests/spec/attention_flash_spec.lua SHARDS=8 JOBS=8 SUITE_TIMEOUT=560.
 OUT=${OUT:-/tmp/gpu-out}
 JOBS=${JOBS:-4}
+SHARDS=${SHARDS:-1}
+case "$SHARDS" in ''|*[!0-9]*|0) echo "gpu_session.sh: SHARDS expects a positive integer, got '$SHARDS'"; exit 2 ;; esac
 : "${BUSTED:?BUSTED is not set: source .gpu-deps/env.sh first (or set it to a busted command line)}"
 mkdir -p "$OUT/suites"
 rm -f "$OUT"/suites/*.log
@@ -27,7 +32,14 @@ for t in build/tests/test_*; do
   printf '%s\t%s\n' "$(basename "$t")" "$t" >> "$list"
 done
 for f in ${SPECS:-tests/spec/*_spec.lua}; do
-  printf '%s\tenv %s -o tests/spec/summary.lua %s\n' "$(basename "$f" .lua)" "$BUSTED" "$f" >> "$list"
+  if [ "$SHARDS" -eq 1 ]; then
+    printf '%s\tenv %s -o tests/spec/summary.lua %s\n' "$(basename "$f" .lua)" "$BUSTED" "$f" >> "$list"
+  else
+    for i in $(seq 1 "$SHARDS"); do
+      printf '%s.%s-of-%s\tenv ATTNLAB_SPEC_SHARD=%s/%s %s -o tests/spec/summary.lua %s\n' "$(basename "$f" .lua)" \
+        "$i" "$SHARDS" "$i" "$SHARDS" "$BUSTED" "$f" >> "$list"
+    done
+  fi
 done
 export OUT
 tr '\n' '\0' < "$list" | xargs -0 -P "$JOBS" -I{} sh -c '

@@ -23,3 +23,26 @@ function _G.hopper_missing()
   if cap[1] < 9 then return "needs sm_90+, this is sm_" .. cap[1] .. cap[2] end
   return nil
 end
+
+-- ATTNLAB_SPEC_SHARD=I/N (1 <= I <= N): this process runs only every N-th test, starting at the I-th, in the order
+-- busted registers them; N processes with I = 1..N run each test exactly once between them. For spec files whose
+-- run is mostly NVRTC compiles and CPU oracles (attention_flash_spec on a fresh GPU machine compiles every Hopper
+-- specialisation: more than a 10-minute device call, sessions 24 and 26): scripts/gpu_session.sh's SHARDS runs them
+-- side by side. A test left out is never attached, so it is neither run nor counted.
+do
+  local v = os.getenv("ATTNLAB_SPEC_SHARD")
+  if v and v ~= "" then
+    local i, n = v:match("^(%d+)/(%d+)$")
+    i, n = tonumber(i), tonumber(n)
+    if not (i and n and i >= 1 and i <= n) then
+      error("ATTNLAB_SPEC_SHARD: expected I/N with 1 <= I <= N (run every N-th test from the I-th), got '" .. v .. "'",
+            0)
+    end
+    local busted = require "busted"
+    local count = 0
+    busted.subscribe({ "register", "it" }, function()
+      count = count + 1
+      return nil, (count - i) % n == 0   -- false: the registration stops here
+    end, { priority = 1 })
+  end
+end
