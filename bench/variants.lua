@@ -14,7 +14,9 @@
 --   the sliced backward, the backward folded, the dK/dV kernel's dP^T early; --bwd-ab: section 1 times only the
 --   backward's alternatives, for A/Bs of a few percent (with --rounds 9 or more); --child-compile is the
 --   fresh-process half of 4)
--- Each ratio compares configurations timed in interleaved rounds (median of 3 or --rounds N; 1 with --quick).
+-- Each ratio compares configurations timed in interleaved rounds (median of 3 or --rounds N; 1 with --quick). With 4
+-- rounds or more, section 1's rows add the backward's paired ratio: the median of the per-round ratios to the
+-- reference, with their quartiles (a ratio near the 1.15 target read 1.13-1.17 from run to run in session 26).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 local clock = require("attnlab.progress").clock
@@ -132,6 +134,17 @@ end
 
 local median = al.results.median
 
+-- the ratio of two configurations round by round (each round times both within seconds of each other, so the GPU's
+-- clock drift between rounds cancels), as { median, first quartile, third quartile }: the spread that says whether
+-- a ratio of medians near a target is on one side of it (session 26: a configuration's ratio moved 2-3% between runs)
+local function paired(xs, refs)
+  local r = {}
+  for k = 1, #xs do r[k] = xs[k] / refs[k] end
+  table.sort(r)
+  local function at(q) return r[math.max(1, math.min(#r, math.floor(q * (#r - 1) + 1.5)))] end
+  return { median(r), at(0.25), at(0.75) }
+end
+
 -- forward and backward ms of each configuration, measured in interleaved rounds (ABC, CBA, ABC: the GPU's
 -- clocks follow its power and temperature history, so configurations timed minutes apart drift apart),
 -- each the median of its rounds. Returns { {fwd, bwd}, ... } in the order given.
@@ -155,13 +168,18 @@ local function measure(...)
     end
   end
   local res = {}
-  for i = 1, #configs do res[i] = { median(f[i]), median(bw[i]) } end
+  for i = 1, #configs do
+    res[i] = { median(f[i]), median(bw[i]) }
+    if ROUNDS >= 4 and i > 1 then res[i].paired = { paired(f[i], f[1]), paired(bw[i], bw[1]) } end
+  end
   return res
 end
 
-local function row(name, b, s, flops, tf, tb, rf, rb)
-  print(string.format("  %-34s b=%d s=%-6d fwd %8.3f ms %7.1f TF/s  bwd %8.3f ms %7.1f TF/s   vs ref: fwd x%.3f bwd x%.3f",
-    name, b, s, tf, flops / (tf * 1e-3) / 1e12, tb, 2.5 * flops / (tb * 1e-3) / 1e12, tf / rf, tb / rb))
+-- one row; with p (measure's paired ratios, 4 or more rounds) the backward's paired ratio and its quartiles follow
+local function row(name, b, s, flops, tf, tb, rf, rb, p)
+  local extra = p and string.format("  paired bwd x%.3f (%.3f-%.3f)", p[2][1], p[2][2], p[2][3]) or ""
+  print(string.format("  %-34s b=%d s=%-6d fwd %8.3f ms %7.1f TF/s  bwd %8.3f ms %7.1f TF/s   vs ref: fwd x%.3f bwd x%.3f%s",
+    name, b, s, tf, flops / (tf * 1e-3) / 1e12, tb, 2.5 * flops / (tb * 1e-3) / 1e12, tf / rf, tb / rb, extra))
 end
 
 local H, D = 16, 128
@@ -226,7 +244,7 @@ if section(1) then
     end
     local m = measure(unpack(configs))
     local rf, rb = m[1][1], m[1][2]
-    for i, name in ipairs(names) do row(name, b, s, flops, m[i][1], m[i][2], rf, rb) end
+    for i, name in ipairs(names) do row(name, b, s, flops, m[i][1], m[i][2], rf, rb, m[i].paired) end
   end
 end
 
