@@ -120,24 +120,7 @@ constexpr int ST_BYTES = BN * D * 2;
 constexpr int DS_BYTES = AL_SM90_DQ_ATOMIC ? R * BN * 2 : 0;   /* one dS^T buffer [R keys][BN queries] */
 constexpr int COL_BYTES = 2 * BN * 4;         /* one stage's lse2 and D columns (role 0, plain path) */
 constexpr int OWN_BUFS = AL_SM90_PERSIST ? 2 : 1;   /* own row buffers (own0 | own1 each) */
-/* AL_SM90_BWD_CONSUMER_REGS (an experiment, default 224; ATTNLAB_VARIANT_DEFINES): the consumers' setmaxnreg, the
- * producer warpgroup taking what is left (at most 56; 232 leaves it 40, 240 leaves 24): room for dP^T's accumulators
- * beside the P step (AL_SM90_BWD_EARLY_DP) in the soft-capped kernels. What is left is counted from the registers the
- * CTA holds at launch (LAUNCH_REGS per thread: __launch_bounds__(NT, 1) lets ptxas use 168 of 170 at NT = 384), not
- * from the register file: setmaxnreg.inc waits until the pool has what it asks for, so asking for more than
- * setmaxnreg.dec gave back hangs the kernel (session 24's 232 left the producer 48, 8 x 128 registers too many: its
- * first GPU run never returned, session 25). */
-#ifndef AL_SM90_BWD_CONSUMER_REGS
-#define AL_SM90_BWD_CONSUMER_REGS 224
-#endif
-constexpr int CONSUMER_REGS = AL_SM90_BWD_CONSUMER_REGS;
-constexpr int LAUNCH_REGS = 65536 / NT / 8 * 8;   /* per thread at launch (allocation: multiples of 8) */
-constexpr int PRODUCER_LEFT = (LAUNCH_REGS * NT - CONSUMER_REGS * 128 * NC) / 128 / 8 * 8;   /* setmaxnreg: x 8 */
-constexpr int PRODUCER_REGS = PRODUCER_LEFT < 56 ? PRODUCER_LEFT : 56;
-static_assert(CONSUMER_REGS % 8 == 0 && CONSUMER_REGS <= 256 && PRODUCER_REGS >= 24, "setmaxnreg's range");
 static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= LAUNCH_REGS * NT,
-              "setmaxnreg.inc would wait for registers the CTA does not hold (a hang)");
 }  // namespace b90
 
 /* The sliced variant path (S and dP in f32, VN columns at a time) is needed only where a hook reads the
@@ -195,6 +178,29 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= LAUNCH_REGS * NT
 #define B90_SLICED 0
 #endif
 #define B90_LEAN_MOD (AL_VARIANT && AL_HAS_SCORE_MOD && !B90_SLICED)
+/* AL_SM90_BWD_CONSUMER_REGS (an experiment, ATTNLAB_VARIANT_DEFINES; default 224, and 232 in the lean dK/dV kernel
+ * under AL_SM90_BWD_EARLY_DP=2, so that a kernel folder with mode 2 as its default compiles without spills): the
+ * consumers' setmaxnreg, the producer warpgroup taking what is left (at most 56; 232 leaves it 40, 240 leaves 24):
+ * room for dP^T's accumulators beside the P step (AL_SM90_BWD_EARLY_DP) in the soft-capped kernels. What is left is counted from the registers the
+ * CTA holds at launch (LAUNCH_REGS per thread: __launch_bounds__(NT, 1) lets ptxas use 168 of 170 at NT = 384), not
+ * from the register file: setmaxnreg.inc waits until the pool has what it asks for, so asking for more than
+ * setmaxnreg.dec gave back hangs the kernel (session 24's 232 left the producer 48, 8 x 128 registers too many: its
+ * first GPU run never returned, session 25). */
+#if B90_LEAN_MOD && AL_SM90_ROLE == 0 && AL_SM90_BWD_EARLY_DP == 2 && !defined(AL_SM90_BWD_CONSUMER_REGS)
+#define AL_SM90_BWD_CONSUMER_REGS 232   /* the soft-capped dK/dV kernel under mode 2 spills 8 bytes at 224, none here */
+#endif
+#ifndef AL_SM90_BWD_CONSUMER_REGS
+#define AL_SM90_BWD_CONSUMER_REGS 224
+#endif
+namespace b90 {
+constexpr int CONSUMER_REGS = AL_SM90_BWD_CONSUMER_REGS;
+constexpr int LAUNCH_REGS = 65536 / NT / 8 * 8;   /* per thread at launch (allocation: multiples of 8) */
+constexpr int PRODUCER_LEFT = (LAUNCH_REGS * NT - CONSUMER_REGS * 128 * NC) / 128 / 8 * 8;   /* setmaxnreg: x 8 */
+constexpr int PRODUCER_REGS = PRODUCER_LEFT < 56 ? PRODUCER_LEFT : 56;
+static_assert(CONSUMER_REGS % 8 == 0 && CONSUMER_REGS <= 256 && PRODUCER_REGS >= 24, "setmaxnreg's range");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= LAUNCH_REGS * NT,
+              "setmaxnreg.inc would wait for registers the CTA does not hold (a hang)");
+}  // namespace b90
 /* AL_SM90_BWD_PINGPONG (an experiment, 0 = off; ATTNLAB_VARIANT_DEFINES, or a kernel folder's edited default): the
  * two consumer warpgroups take turns to issue their products, as the forward's ping-pong. Both walk the same stream
  * tiles behind the same stage barriers, so without it they run in step: both issue S (and dP), both wait, both
