@@ -159,7 +159,9 @@ static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
  * four runs): mode 2 in the soft-capped kernels alone 1-3% faster than the default at every b, and in every kernel
  * the plain backward 0-3% faster too; mode 3 slower than mode 2 at every b. Not the default yet: the plain kernels
  * under it have not run attention_flash_spec (every kernel compiles afresh there: more than a device call's 10
- * minutes), and the soft-capped d = 128 dK/dV kernel spills 8 bytes at 224 registers (none at 232). */
+ * minutes; scripts/gpu_session.sh's SHARDS is for that), and soft-capping beside a block-masked document mask_mod
+ * spills 4 bytes in the dK/dV kernel under it (soft-capping alone spilled 8 at 224 registers: under mode 2 the lean
+ * dK/dV kernel takes 232, AL_SM90_BWD_CONSUMER_REGS below). */
 #ifndef AL_SM90_BWD_EARLY_DP
 #define AL_SM90_BWD_EARLY_DP 0
 #endif
@@ -181,11 +183,11 @@ static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
 /* AL_SM90_BWD_CONSUMER_REGS (an experiment, ATTNLAB_VARIANT_DEFINES; default 224, and 232 in the lean dK/dV kernel
  * under AL_SM90_BWD_EARLY_DP=2, so that a kernel folder with mode 2 as its default compiles without spills): the
  * consumers' setmaxnreg, the producer warpgroup taking what is left (at most 56; 232 leaves it 40, 240 leaves 24):
- * room for dP^T's accumulators beside the P step (AL_SM90_BWD_EARLY_DP) in the soft-capped kernels. What is left is counted from the registers the
- * CTA holds at launch (LAUNCH_REGS per thread: __launch_bounds__(NT, 1) lets ptxas use 168 of 170 at NT = 384), not
- * from the register file: setmaxnreg.inc waits until the pool has what it asks for, so asking for more than
- * setmaxnreg.dec gave back hangs the kernel (session 24's 232 left the producer 48, 8 x 128 registers too many: its
- * first GPU run never returned, session 25). */
+ * room for dP^T's accumulators beside the P step (AL_SM90_BWD_EARLY_DP) in the soft-capped kernels. What is left is
+ * counted from the registers the CTA holds at launch (LAUNCH_REGS per thread: __launch_bounds__(NT, 1) lets ptxas
+ * use 168 of 170 at NT = 384), not from the register file: setmaxnreg.inc waits until the pool has what it asks
+ * for, so asking for more than setmaxnreg.dec gave back hangs the kernel (session 24's 232 left the producer 48,
+ * 8 x 128 registers too many: its first GPU run never returned, session 25). */
 #if B90_LEAN_MOD && AL_SM90_ROLE == 0 && AL_SM90_BWD_EARLY_DP == 2 && !defined(AL_SM90_BWD_CONSUMER_REGS)
 #define AL_SM90_BWD_CONSUMER_REGS 232   /* the soft-capped dK/dV kernel under mode 2 spills 8 bytes at 224, none here */
 #endif
@@ -1133,12 +1135,10 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
             al_wg_fence_u32<4 * (BN / 16)>(&da[0][0]);
 #elif B90_ONE_PASS
             /* 3-5 in one batch: dV += P^T dO and dK += dS^T Q (dS came out of step 2) */
-            B90_TURN_BEGIN();
             al_wg_fence();
             b90_rs(acc0, pa, t1);
             b90_rs(acc1, da, t0);
             al_wg_commit();
-            B90_TURN_END();
             al_wg_wait<0>();
             AL_WG_FENCE_D(acc0);
             AL_WG_FENCE_D(acc1);
@@ -1150,20 +1150,16 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
 #if AL_SM90_ROLE == 1 || B90_DV_WITH_DK
             al_wg_wait<0>();
 #elif B90_EARLY_DP
-            B90_TURN_BEGIN();
             al_wg_fence();
             b90_rs(acc0, pa, t1);
             al_wg_commit();
-            B90_TURN_END();
             al_wg_wait<0>();
 #else
             float dp[BN / 2];
-            B90_TURN_BEGIN();
             al_wg_fence();
             b90_ss(dp, a1, t1);
             b90_rs(acc0, pa, t1);
             al_wg_commit();
-            B90_TURN_END();
             al_wg_wait<0>();
 #endif
             al_wg_fence_regs_n64(dp);
