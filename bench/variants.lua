@@ -210,9 +210,9 @@ if section(1) then
     if flags["--bwd-ab"] then
       -- the backward's alternatives only (the variant's kernels; the plain reference stays the default build)
       configs, names = { a, with(a, { score_mod = sc }) }, { "plain (reference)", "softcap 30 (score_mod)" }
-      -- (session 26: the dQ kernel's ping-pong, the default since, against its absence and beside the dK/dV kernel's
-      -- one element pass; mode 3, FA3's order, was slower than mode 2 at every b in session 25 and is not timed here)
-      extra = { { sc, { VD, "AL_SM90_BWD_PINGPONG=0" }, "softcap 30, dQ without ping-pong" },
+      -- (session 26's set: the dQ kernel's ping-pong, opt-in, and the dK/dV kernel's one element pass (mode 2) with and
+      -- without the dQ one pass; mode 3, FA3's order, was slower than mode 2 at every b and is not timed here)
+      extra = { { sc, { VD, "AL_SM90_BWD_PINGPONG=1" }, "softcap 30, dQ ping-pong" },
         { sc, { FG, "0" }, "softcap 30, bwd logit unfolded" },
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" },
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd one pass, 232 regs" },

@@ -196,7 +196,7 @@ static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
 #endif
 namespace b90 {
 constexpr int CONSUMER_REGS = AL_SM90_BWD_CONSUMER_REGS;
-constexpr int LAUNCH_REGS = 65536 / NT / 8 * 8;   /* per thread at launch (allocation: multiples of 8) */
+constexpr int LAUNCH_REGS = al_launch_regs(NT);
 constexpr int PRODUCER_LEFT = (LAUNCH_REGS * NT - CONSUMER_REGS * 128 * NC) / 128 / 8 * 8;   /* setmaxnreg: x 8 */
 constexpr int PRODUCER_REGS = PRODUCER_LEFT < 56 ? PRODUCER_LEFT : 56;
 static_assert(CONSUMER_REGS % 8 == 0 && CONSUMER_REGS <= 256 && PRODUCER_REGS >= 24, "setmaxnreg's range");

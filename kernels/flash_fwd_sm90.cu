@@ -119,10 +119,8 @@ constexpr int KV_BYTES = BN * D * 2;
  * FlashAttention-3's 32 / 160 split) */
 constexpr int PRODUCER_REGS = NC == 3 ? 56 : 64;
 constexpr int CONSUMER_REGS = NC == 3 ? 152 : 216;
-/* setmaxnreg.inc waits until the CTA's pool (the registers it got at launch, 65536 / NT rounded down to 8 per thread)
- * has what it asks for: a split beyond it hangs (flash_bwd_sm90.cu's AL_SM90_BWD_CONSUMER_REGS, session 25) */
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= 65536 / NT / 8 * 8 * NT,
-              "setmaxnreg split beyond the CTA's registers");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NC <= al_launch_regs(NT) * NT,
+              "setmaxnreg split beyond the CTA's launch registers (a hang)");
 constexpr bool PIPE = AL_SM90_PIPE;           /* S(j+1) and O += P(j) V(j) issued together */
 constexpr bool PINGPONG = AL_SM90_PINGPONG;   /* the consumers take turns on the tensor cores */
 /* score_mod's tanh on the FMA pipe in column groups t with (t + 1) % TANH_FMA_K == 0 (none when off: t < BN / 8) */

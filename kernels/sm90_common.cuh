@@ -141,6 +141,10 @@ AL_DEV void al_sm90_copy_partial(al_u32 dst, const al_u16 *g, long long st, int 
 /* ---- register reallocation ---------------------------------------------------------------------------- */
 template <int R> AL_DEV void al_reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R> AL_DEV void al_reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+/* the registers per thread a CTA of nt threads holds at launch (__launch_bounds__(nt, 1); allocated in multiples of
+ * 8): setmaxnreg moves registers within this pool only, and setmaxnreg.inc waits until the pool has what it asks
+ * for, so a producer / consumer split beyond it hangs (session 25) */
+constexpr int al_launch_regs(int nt) { return 65536 / nt / 8 * 8; }
 
 /* ---- wgmma ------------------------------------------------------------------------------------------- */
 AL_DEV void al_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

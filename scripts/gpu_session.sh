@@ -32,14 +32,11 @@ for t in build/tests/test_*; do
   printf '%s\t%s\n' "$(basename "$t")" "$t" >> "$list"
 done
 for f in ${SPECS:-tests/spec/*_spec.lua}; do
-  if [ "$SHARDS" -eq 1 ]; then
-    printf '%s\tenv %s -o tests/spec/summary.lua %s\n' "$(basename "$f" .lua)" "$BUSTED" "$f" >> "$list"
-  else
-    for i in $(seq 1 "$SHARDS"); do
-      printf '%s.%s-of-%s\tenv ATTNLAB_SPEC_SHARD=%s/%s %s -o tests/spec/summary.lua %s\n' "$(basename "$f" .lua)" \
-        "$i" "$SHARDS" "$i" "$SHARDS" "$BUSTED" "$f" >> "$list"
-    done
-  fi
+  for i in $(seq 1 "$SHARDS"); do   # (1/1: every test)
+    name=$(basename "$f" .lua)
+    [ "$SHARDS" -gt 1 ] && name="$name.$i-of-$SHARDS"
+    printf '%s\tenv ATTNLAB_SPEC_SHARD=%s/%s %s -o tests/spec/summary.lua %s\n' "$name" "$i" "$SHARDS" "$BUSTED" "$f" >> "$list"
+  done
 done
 export OUT
 tr '\n' '\0' < "$list" | xargs -0 -P "$JOBS" -I{} sh -c '
