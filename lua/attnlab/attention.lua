@@ -89,6 +89,10 @@ local detect_layout = require("attnlab.layout").detect
 -- instead of three new handles and a C call; any change re-unpacks (and re-validates) through C.
 local VIEWS = setmetatable({}, { __mode = "k" })
 pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
+-- Resolved here, once: a C symbol first looked up while LuaJIT records a trace aborts that recording
+-- ("symbol not in cache"), and the first call that reaches memcmp (a packed buffer passed a second
+-- time) may well be inside the hot loop's first recording.
+local memcmp = C.memcmp
 local TENSOR_BYTES = ffi.sizeof("al_tensor")
 
 local function cached_views(args, fmt)
@@ -97,7 +101,7 @@ local function cached_views(args, fmt)
     args.value_layer ~= nil or args.inference_params ~= nil or not is_tensor(qkv) then return nil end
   local e = VIEWS[qkv]
   if e ~= nil and e.dim == (args.qkv_interleave_dim or -3) and e.fmt == fmt and
-    C.memcmp(e.snap, qkv.raw, TENSOR_BYTES) == 0 then
+    memcmp(e.snap, qkv.raw, TENSOR_BYTES) == 0 then
     return e
   end
   return nil
