@@ -11,7 +11,10 @@ one cached fused call from Lua <= 5 us; PyTorch's SDPA call measured 15-18.5 us)
   (d) gpu call    with a usable GPU: (a), (b) and the full cached call on cuda tensors for the fused
                   and flash backends (bf16, 1x64x2x64 bs3hd causal, as attention_gpu_bench.lua), wall
                   clock per call while issuing (the GPU queue absorbs the kernels) and including a
-                  final synchronize
+                  final synchronize; and the flash call with a soft-capping score_mod
+  (v) variant     al.attention.variant{...}: the Lua work every score_mod / mask_mod call does before C
+                  (trace; derivation and code generation are cached per traced form), soft-capping and
+                  a document mask_mod
 Each phase runs for N calls (default 10,000), best of 3 rounds, after a warm-up; the functional
 call (al.attention.forward with one argument table reused, as a training loop does) and the module
 call (al.DotProductAttention:forward) are both timed.
@@ -104,6 +107,23 @@ do
     { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd", attn_mask_type = "causal", backend = "cpu" }, cfg)
 end
 
+-- variants: the Lua work of a score_mod / mask_mod call before C (every call traces its functions again; the
+-- derivation and the generated code are cached per traced form, attnlab.variants.variant), for soft-capping and
+-- a document mask; on the GPU below, the whole flash call with soft-capping
+local softcap = function(score) return 30 * al.tanh(score / 30) end
+do
+  local docs = al.tensor({ 1, 1, 2, 2 }, { dtype = "i32" })
+  local document = function(b, h, q, kv) return al.eq(docs[q], docs[kv]) end
+  local variant = al.attention.variant
+  for _, c in ipairs({ { "soft-capping (score_mod)", { score_mod = softcap } },
+    { "document ids (mask_mod, one capture)", { mask_mod = document } } }) do
+    local a = c[2]
+    row("cpu", "(v) variant", c[1], time(function(n)
+      for _ = 1, n do variant(a) end
+    end))
+  end
+end
+
 -- GPU: the cached fused and flash calls (and the CPU-side phases on cuda tensors)
 if al.cuda and al.cuda.available() then
   local sync = function() al.cuda.synchronize() end
@@ -121,6 +141,19 @@ if al.cuda and al.cuda.available() then
       end))
     else
       print(string.format("  %-5s %-14s %-44s %s", "cuda", "full call", be, tostring(err):sub(1, 120)))
+    end
+  end
+  do   -- a soft-capped flash call: the variant's Lua work, its C path (kernel lookup by the snippets' hash), the launch
+    local args = { qkv_layer = qkv, qkv_interleave_dim = -3, qkv_format = "bshd", attn_mask_type = "causal",
+      score_mod = softcap }
+    local ok, err = pcall(al.attention.forward, args)
+    if ok then
+      local forward = al.attention.forward
+      row("cuda", "full call", "flash soft-capping bs3hd 1x64x2x64 causal", time(function(n)
+        for _ = 1, n do forward(args) end
+      end, sync))
+    else
+      print(string.format("  %-5s %-14s %-44s %s", "cuda", "full call", "flash soft-capping", tostring(err):sub(1, 120)))
     end
   end
   local small = al.randn({ 16 }, { device = "cuda" })

@@ -67,6 +67,7 @@ local note_bool = trace.note_bool
 M.is_sym, M.S, M.deriv = is_sym, S, deriv.deriv
 M.capture, M.param, M.is_param = trace.capture, trace.param, trace.is_param
 M.build, M._uses_var, M._load_chunk, M._interval = variant.build, variant.uses_var, luagen.load_chunk, interval.interval
+M.gen_cache_size, M.gen_cache_clear = variant.gen_cache_size, variant.gen_cache_clear   -- (tests)
 M.BlockMask, M.block_mask, M.is_block_mask, M.check_block_mask = block_mask.BlockMask, block_mask.block_mask,
   block_mask.is_block_mask, block_mask.check_block_mask
 M.oracle_check, M.oracle_forward, M.oracle_backward = oracle.oracle_check, oracle.oracle_forward, oracle.oracle_backward

@@ -23,6 +23,18 @@ local FIELDS = { op = true, id = true, t = true, args = true, x = true, key = tr
 local intern = setmetatable({}, { __mode = "v" })
 local next_id = 0
 
+-- A new interning table: attnlab.variants.variant starts every build with one, so that a build's nodes are all
+-- created by that build, in its order. Commutative operands and the terms of a sum are ordered by id (creation
+-- order), so with nodes left over from earlier traces (alive in the weak table, or in a cached variant) the same
+-- function could print its C in another order, and so compile as another kernel. Ids stay unique for the
+-- process: a node made later from an older build's nodes (the oracle's index offsets) gets a key of its own.
+-- seed: nodes every build starts with (the symbolic arguments, made once; older than any node of a build, so
+-- they sort first in every build alike).
+local function fresh_intern(seed)
+  intern = setmetatable({}, { __mode = "v" })
+  for _, n in ipairs(seed or {}) do intern[n.key] = n end
+end
+
 local function is_sym(x) return type(x) == "table" and getmetatable(x) == Sym end
 
 local HINT = "score_mod / mask_mod tracing"
@@ -319,5 +331,5 @@ local function load_offset(idx, strides)
 end
 
 M.is_sym, M.node, M.const, M.cval, M.var, M.lift, M.truth = is_sym, node, const, cval, var, lift, truth
-M.S, M.CMP, M.CMP_MSG, M.HINT, M.load_offset = S, CMP, CMP_MSG, HINT, load_offset
+M.S, M.CMP, M.CMP_MSG, M.HINT, M.load_offset, M.fresh_intern = S, CMP, CMP_MSG, HINT, load_offset, fresh_intern
 return M

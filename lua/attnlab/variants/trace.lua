@@ -228,24 +228,36 @@ end
 -- math.* functions that explain themselves when they meet a symbolic value during a trace
 local MATH_NAMES = { "exp", "log", "tanh", "sqrt", "abs", "min", "max", "floor", "ceil", "pow", "sin", "cos",
   "fmod", "log10" }
-local function swap_math()
-  local saved = {}
-  for _, n in ipairs(MATH_NAMES) do
-    local f = math[n]
-    saved[n] = f
-    math[n] = function(...)
-      for i = 1, select("#", ...) do
-        if is_sym((select(i, ...))) then
-          error("math." .. n .. " cannot take a symbolic value (" .. HINT .. "): use al." ..
-            ((n == "exp" or n == "log" or n == "tanh" or n == "sqrt" or n == "abs" or n == "min" or n == "max")
-              and n or "exp / al.log / al.tanh / al.sqrt / al.abs / al.min / al.max / al.where") ..
-            " instead", 2)
-        end
+-- (the wrappers are made once: a trace only swaps them in and out, allocating nothing; a nested trace leaves
+-- them in place, and the outermost puts back whatever math.* held before, a user's own replacement included)
+local math_saved, math_wrapped, math_depth = {}, {}, 0
+for _, n in ipairs(MATH_NAMES) do
+  math_wrapped[n] = function(...)
+    for i = 1, select("#", ...) do
+      if is_sym((select(i, ...))) then
+        error("math." .. n .. " cannot take a symbolic value (" .. HINT .. "): use al." ..
+          ((n == "exp" or n == "log" or n == "tanh" or n == "sqrt" or n == "abs" or n == "min" or n == "max")
+            and n or "exp / al.log / al.tanh / al.sqrt / al.abs / al.min / al.max / al.where") ..
+          " instead", 2)
       end
-      return f(...)
+    end
+    return math_saved[n](...)
+  end
+end
+local function restore_math()
+  math_depth = math_depth - 1
+  if math_depth == 0 then
+    for _, n in ipairs(MATH_NAMES) do math[n] = math_saved[n] end
+  end
+end
+local function swap_math()
+  if math_depth == 0 then
+    for _, n in ipairs(MATH_NAMES) do
+      math_saved[n] = math[n]
+      math[n] = math_wrapped[n]
     end
   end
-  return function() for n, f in pairs(saved) do math[n] = f end end
+  math_depth = math_depth + 1
 end
 
 -- reachability (for the `if` detector)
@@ -272,7 +284,7 @@ local function trace(al, fn, args, what, c)
   ctx_stack[#ctx_stack + 1] = c
   local before = #c.bools
   local restore = swap_upvalues(fn, c, al)
-  local restore_math = swap_math()
+  swap_math()
   local ok, res = pcall(fn, unpack(args))
   restore_math()
   restore()

@@ -13,6 +13,9 @@ build(al, score_mod, mask_mod[, fname]) -> variant with
   cuda_prelude                  the C snippets (nil where not needed), score_lo / score_hi (proven bounds)
 v:source() returns the snippets, tostring(v) prints them with the captures; v:_bind_cpu(al) makes the
 f64 CPU copies of the captures the generated Lua reads (the oracle and block masks).
+Every build traces afresh (in a fresh interning table); what derivation and generation make is cached per
+traced form (below), so a variant called again costs its trace and a table lookup.
+gen_cache_size() / gen_cache_clear(): the number of cached forms, and emptying the cache (tests).
 ]]
 local lffi = require "attnlab.ffi"
 local sym = require "attnlab.variants.sym"
@@ -31,14 +34,28 @@ local gen_cuda, cuda_prelude, foldable = cuda.gen_cuda, cuda.cuda_prelude, cuda.
 local Variant = {}
 Variant.__index = Variant
 
--- the symbolic arguments: the kernels' 0-based b, h, q, kv plus one (the Lua API is 1-based; offsets fold it back)
+-- the symbolic arguments: the kernels' 0-based b, h, q, kv plus one (the Lua API is 1-based; offsets fold it back).
+-- Made once (S.add's simplification is not free), with every node of their trees kept as the seed of each build's
+-- interning table (sym.fresh_intern), where they are then found again.
+local ARGS, ARG_SEED
 local function sym_args()
+  if ARGS then return ARGS end
   local one = const(1)
-  return {
+  ARGS = {
     score = var("score", "f"), grad = var("grad", "f"),
     b = S.add(var("b", "i"), one), h = S.add(var("h", "i"), one),
     q = S.add(var("q", "i"), one), kv = S.add(var("kv", "i"), one),
   }
+  ARG_SEED = {}
+  local seen = {}
+  local function walk(n)
+    if seen[n] then return end
+    seen[n] = true
+    for _, x in ipairs(n.args) do walk(x) end
+    ARG_SEED[#ARG_SEED + 1] = n
+  end
+  for _, k in ipairs({ "score", "grad", "b", "h", "q", "kv" }) do walk(ARGS[k]) end
+  return ARGS
 end
 
 -- whether the tree reads variable `name` (block masks broadcast over b / h when mask_mod does not read them)
@@ -55,6 +72,78 @@ local function uses_var(root, name)
   return found
 end
 
+-- The derived and generated part of a variant, per traced form: every forward call traces its score_mod /
+-- mask_mod again (the trace reads the function's current upvalues, globals and captured tensors, so a changed
+-- constant or a different capture is seen), but derivation and code generation, about two thirds of a build's
+-- host time (soft-capping: 57 -> 15 us a call, bench/host_overhead.lua), run once per distinct form. The key:
+-- the traced trees written out node by node (form_key), the captures' kind, shape and requires_grad (the
+-- generated code reads contiguous strides from the shapes; a capture gradient exists only for params) and the
+-- environment variables read at generation (GEN_ENV). A hit copies the generated fields into a new variant whose
+-- captures are this call's records (this call's tensors). At most GEN_MAX forms are kept; past that the cache
+-- starts over.
+local GEN_MAX = 256
+local gen_cache, gen_count = {}, 0
+local SHARED = { "score_root", "mask_root", "dscore", "score_grad_root", "cuda_score_mod", "cuda_score_pre",
+  "score_post", "score_mufu", "cuda_score_grad", "cuda_score_grad_pre", "score_lo", "score_hi", "cuda_mask_mod",
+  "cuda_capture_grad", "cuda_prelude", "has_cap_grad" }
+-- the environment variables code generation reads (here and in attnlab.variants.cuda)
+local GEN_ENV = { "ATTNLAB_VARIANT_FOLD", "ATTNLAB_VARIANT_FOLD_GRAD", "ATTNLAB_VARIANT_DEFINES", "ATTNLAB_VARIANT_EX2_FMA" }
+
+-- a tree as text: each node once (a DAG), as op, type, datum and the numbers of its children, children first.
+-- (Every build interns its nodes afresh, sym.fresh_intern, so node ids cannot serve as a key across builds.)
+local function form_key(root, parts, seen)
+  if root == nil then parts[#parts + 1] = "-" return end
+  local function walk(n)
+    local i = seen[n]
+    if i then return i end
+    local a = {}
+    for k, c in ipairs(n.args) do a[k] = walk(c) end
+    seen.n = seen.n + 1
+    seen[n] = seen.n
+    parts[#parts + 1] = n.op .. " " .. n.t .. " " .. tostring(n.x) .. " " .. table.concat(a, ",")
+    return seen.n
+  end
+  walk(root)
+  parts[#parts + 1] = ";"
+end
+
+local function gen_key(score_root, mask_root, caps)
+  local parts, seen = {}, { n = 0 }
+  form_key(score_root, parts, seen)
+  form_key(mask_root, parts, seen)
+  for _, name in ipairs(GEN_ENV) do parts[#parts + 1] = os.getenv(name) or "\0" end
+  for _, rec in ipairs(caps) do
+    parts[#parts + 1] = rec.kind .. rec.shape_str .. (rec.requires_grad and "g" or "")
+  end
+  return table.concat(parts, "|")
+end
+
+local function from_cache(v, g)
+  for _, f in ipairs(SHARED) do v[f] = g[f] end
+  if g.cap_grads then   -- the same loads and terms, with this call's capture records
+    local cg = {}
+    for i, e in ipairs(g.cap_grads) do
+      cg[i] = { load = e.load, rec = v.captures[e.k + 1], partial = e.partial, term = e.term }
+    end
+    v.cap_grads = cg
+  end
+  return v
+end
+
+local function to_cache(key, v)
+  if gen_count >= GEN_MAX then gen_cache, gen_count = {}, 0 end
+  local g = {}
+  for _, f in ipairs(SHARED) do g[f] = v[f] end
+  if v.cap_grads then   -- (the capture's index, not its record: the cache must not keep a caller's tensor alive)
+    g.cap_grads = {}
+    for i, e in ipairs(v.cap_grads) do
+      g.cap_grads[i] = { load = e.load, k = e.rec.k, partial = e.partial, term = e.term }
+    end
+  end
+  gen_cache[key] = g
+  gen_count = gen_count + 1
+end
+
 -- build(al, score_mod, mask_mod[, fname]) -> variant (traced, derived, generated)
 local function build(al, score_mod, mask_mod, fname)
   fname = fname or "attention"
@@ -64,6 +153,8 @@ local function build(al, score_mod, mask_mod, fname)
   if mask_mod ~= nil and type(mask_mod) ~= "function" then
     error(fname .. ": mask_mod: expected a function(b, h, q_idx, kv_idx), got " .. type(mask_mod), 0)
   end
+  sym_args()
+  sym.fresh_intern(ARG_SEED)
   local c = new_context()
   local a = sym_args()
   local v = setmetatable({ ctx = c, captures = c.caps }, Variant)
@@ -82,8 +173,12 @@ local function build(al, score_mod, mask_mod, fname)
     local r = trace(al, mask_mod, { a.b, a.h, a.q, a.kv }, "mask_mod", c)
     v.mask_root = r
   end
+  local key = gen_key(v.score_root, v.mask_root, c.caps)
+  local g = gen_cache[key]
+  if g then return from_cache(v, g) end
   v:_derive()
   v:_generate()
+  to_cache(key, v)
   return v
 end
 
@@ -217,5 +312,9 @@ function Variant:_bind_cpu(al)
   self.pos = ffi.new("int64_t[4]")
 end
 
-M.build, M.uses_var = build, uses_var
+-- (tests: the number of cached forms, and emptying the cache)
+local function gen_cache_size() return gen_count end
+local function gen_cache_clear() gen_cache, gen_count = {}, 0 end
+
+M.build, M.uses_var, M.gen_cache_size, M.gen_cache_clear = build, uses_var, gen_cache_size, gen_cache_clear
 return M
