@@ -169,6 +169,25 @@ describe("variants: generated code cached per traced form", function()
       assert.truthy(keep)
     end)
 
+  it("a build nested in a trace (score_mod calling al.attention.variant) leaves the outer trace whole", function()
+    local bias = rnd({ 4, 13 })
+    local plain = function(s, b, h, q, kv) return 30 * al.tanh(s / 30) + bias[h][kv - q + 7] end
+    local want = build(plain):source()
+    V.gen_cache_clear()
+    local inner_src
+    local nested = function(s, b, h, q, kv)
+      local t = 30 * al.tanh(s / 30)
+      inner_src = al.attention.variant({ mask_mod = function(_, _, qi, ki) return al.ge(qi, ki) end }):source()
+      return t + bias[h][kv - q + 7]
+    end
+    assert.are.same(want, build(nested):source())
+    assert.equal("(q_idx >= kv_idx)", inner_src.mask_mod)
+    -- and an error inside a nested build does not leave the next outermost build without its fresh table
+    assert.has_error(function() build(function(s) return al.attention.variant({ mask_mod = 1 }) and s end) end)
+    V.gen_cache_clear()
+    assert.are.same(want, build(plain):source())
+  end)
+
   it("keeps no captured tensor alive", function()
     local weak = setmetatable({}, { __mode = "k" })
     do

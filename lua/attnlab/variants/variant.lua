@@ -145,7 +145,7 @@ local function to_cache(key, v)
 end
 
 -- build(al, score_mod, mask_mod[, fname]) -> variant (traced, derived, generated)
-local function build(al, score_mod, mask_mod, fname)
+local function build_body(al, score_mod, mask_mod, fname)
   fname = fname or "attention"
   if score_mod ~= nil and type(score_mod) ~= "function" then
     error(fname .. ": score_mod: expected a function(score, b, h, q_idx, kv_idx), got " .. type(score_mod), 0)
@@ -153,8 +153,6 @@ local function build(al, score_mod, mask_mod, fname)
   if mask_mod ~= nil and type(mask_mod) ~= "function" then
     error(fname .. ": mask_mod: expected a function(b, h, q_idx, kv_idx), got " .. type(mask_mod), 0)
   end
-  sym_args()
-  sym.fresh_intern(ARG_SEED)
   local c = new_context()
   local a = sym_args()
   local v = setmetatable({ ctx = c, captures = c.caps }, Variant)
@@ -179,6 +177,21 @@ local function build(al, score_mod, mask_mod, fname)
   v:_derive()
   v:_generate()
   to_cache(key, v)
+  return v
+end
+
+-- Each outermost build interns its nodes afresh (a build nested in a trace, a score_mod calling
+-- al.attention.variant say, shares its caller's table: a fresh one there would split the caller's nodes in two).
+local build_depth = 0
+local function build(al, score_mod, mask_mod, fname)
+  if build_depth == 0 then
+    sym_args()
+    sym.fresh_intern(ARG_SEED)
+  end
+  build_depth = build_depth + 1
+  local ok, v = pcall(build_body, al, score_mod, mask_mod, fname)
+  build_depth = build_depth - 1
+  if not ok then error(v, 0) end
   return v
 end
 
