@@ -11,6 +11,9 @@
 # 26). SHARDS=N (default 1) splits every spec file into N processes (ATTNLAB_SPEC_SHARD=I/N, tests/spec/helper.lua:
 # each runs every N-th test), so that one file's compiles and CPU oracles use N cores; its suites are named
 # FILE.I-of-N. E.g. SPECS=tests/spec/attention_flash_spec.lua SHARDS=8 JOBS=8 SUITE_TIMEOUT=560.
+# KERNEL_DEFAULTS="NAME=V ..." runs everything (suites and benchmarks) with a copy of kernels/ whose switches' defaults
+# are changed so (scripts/kernel_folder.sh, in /tmp/attnlab-kernels; exported as ATTNLAB_KERNEL_DIR), e.g.
+# KERNEL_DEFAULTS=AL_SM90_BWD_EARLY_DP=2: a candidate default checked before it is committed.
 OUT=${OUT:-/tmp/gpu-out}
 JOBS=${JOBS:-4}
 SHARDS=${SHARDS:-1}
@@ -18,6 +21,11 @@ case "$SHARDS" in ''|*[!0-9]*|0) echo "gpu_session.sh: SHARDS expects a positive
 : "${BUSTED:?BUSTED is not set: source .gpu-deps/env.sh first (or set it to a busted command line)}"
 mkdir -p "$OUT/suites"
 rm -f "$OUT"/suites/*.log
+if [ -n "${KERNEL_DEFAULTS:-}" ]; then
+  # shellcheck disable=SC2086  # (one NAME=V per word)
+  sh scripts/kernel_folder.sh /tmp/attnlab-kernels $KERNEL_DEFAULTS || exit 2
+  export ATTNLAB_KERNEL_DIR=/tmp/attnlab-kernels
+fi
 make -j16 all > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 grep -E "attnlab:" "$OUT/build.log"
 export ATTNLAB_LIBDIR="$PWD/lib" LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;${LUA_PATH:-;}"
