@@ -9,14 +9,15 @@
 -- 4. compile cost: a fresh variant's first call (NVRTC compile, target <= 1 s) and the same variant in
 --    a fresh process (disk-cached cubin load, target <= 10 ms), as first-call minus warm-call times.
 -- Without a usable GPU it says so and exits 0 (what variants cost on the CPU: bench/variants_cpu.lua).
--- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments | --bwd-ab] [--rounds N]
+-- Usage: luajit bench/variants.lua [--quick] [--only N ...] [--experiments | --bwd-ab | --fwd-ab] [--rounds N]
 --   (--experiments: section 1 also times the defaults' alternatives, two or three consumers or the split grid forced,
 --   the sliced backward, the backward folded, the dK/dV kernel's dP^T early; --bwd-ab: section 1 times only the
---   backward's alternatives, for A/Bs of a few percent (with --rounds 9 or more); --child-compile is the
---   fresh-process half of 4)
+--   backward's alternatives, for A/Bs of a few percent (with --rounds 9 or more); --fwd-ab: only the forward's (the
+--   split grid with programmatic dependent launch, two or three consumers); --child-compile is the fresh-process
+--   half of 4)
 -- Each ratio compares configurations timed in interleaved rounds (median of 3 or --rounds N; 1 with --quick). With 4
--- rounds or more, section 1's rows add the backward's paired ratio: the median of the per-round ratios to the
--- reference, with their quartiles (a ratio near the 1.15 target read 1.13-1.17 from run to run in session 26).
+-- rounds or more, section 1's rows add the forward's and backward's paired ratios: the median of the per-round ratios
+-- to the reference, with their quartiles (a ratio near the 1.15 target read 1.13-1.17 from run to run in session 26).
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local al = require "attnlab"
 local clock = require("attnlab.progress").clock
@@ -175,9 +176,11 @@ local function measure(...)
   return res
 end
 
--- one row; with p (measure's paired ratios, 4 or more rounds) the backward's paired ratio and its quartiles follow
+-- one row; with p (measure's paired ratios, 4 or more rounds) the forward's and backward's paired ratios and their
+-- quartiles follow
 local function row(name, b, s, flops, tf, tb, rf, rb, p)
-  local extra = p and string.format("  paired bwd x%.3f (%.3f-%.3f)", p[2][1], p[2][2], p[2][3]) or ""
+  local extra = p and string.format("  paired fwd x%.3f (%.3f-%.3f) bwd x%.3f (%.3f-%.3f)", p[1][1], p[1][2], p[1][3],
+    p[2][1], p[2][2], p[2][3]) or ""
   print(string.format("  %-34s b=%d s=%-6d fwd %8.3f ms %7.1f TF/s  bwd %8.3f ms %7.1f TF/s   vs ref: fwd x%.3f bwd x%.3f%s",
     name, b, s, tf, flops / (tf * 1e-3) / 1e12, tb, 2.5 * flops / (tb * 1e-3) / 1e12, tf / rf, tb / rb, extra))
 end
@@ -207,7 +210,18 @@ if section(1) then
     local VD, FG = "ATTNLAB_VARIANT_DEFINES", "ATTNLAB_VARIANT_FOLD_GRAD"
     local C2, C3 = { "ATTNLAB_FLASH_SM90_CONSUMERS", "2" }, { "ATTNLAB_FLASH_SM90_CONSUMERS", "3" }
     local extra = {}
-    if flags["--bwd-ab"] then
+    if flags["--fwd-ab"] then
+      -- the forward's alternatives only: the split grid's second launch beside the first's end (programmatic
+      -- dependent launch, ATTNLAB_FLASH_SM90_FWD_PDL=1, opt-in since session 27; it changes split grids only, the
+      -- default at b = 1 and 2 here), and the split forced with it where three consumers throughout are the default
+      -- (b = 4); two or three consumers throughout
+      configs, names = { a, with(a, { score_mod = sc }) }, { "plain (reference)", "softcap 30 (score_mod)" }
+      local PDL = "ATTNLAB_FLASH_SM90_FWD_PDL"
+      extra = { { sc, { PDL, "1" }, "softcap 30, split + PDL" },
+        { sc, { "ATTNLAB_FLASH_SM90_CONSUMERS", "split", PDL, "1" }, "softcap 30, split forced + PDL" },
+        { sc, C2, "softcap 30, fwd two consumers" },
+        { sc, C3, "softcap 30, fwd three consumers" } }
+    elseif flags["--bwd-ab"] then
       -- the backward's alternatives only (the variant's kernels; the plain reference stays the default build)
       configs, names = { a, with(a, { score_mod = sc }) }, { "plain (reference)", "softcap 30 (score_mod)" }
       -- (session 26's set: the dQ kernel's ping-pong, opt-in, and the dK/dV kernel's one element pass (mode 2) with and

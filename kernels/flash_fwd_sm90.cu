@@ -86,6 +86,25 @@
 #if AL_SM90_ROW0 && (AL_MASK_KIND != 0 || AL_BLOCK_MASK)
 #error "AL_SM90_ROW0: split grids are for kernels without a mask or block mask (the causal orders assume one launch)"
 #endif
+/* AL_SM90_FWD_PDL 1 (the host's, for both launches of a split grid under ATTNLAB_FLASH_SM90_FWD_PDL=1, an opt-in;
+ * src/cuda/flash_sm90_specs.h): the second launch (AL_SM90_ROW0) goes out with programmatic stream serialisation.
+ * The first signals its dependents at its start, so the second's CTAs may start as soon as every CTA of the first
+ * has started, on the SMs its last wave leaves idle; the second reads nothing the first writes (other rows of O and
+ * the LSE), and thread 0 of each of its CTAs waits for the first grid before it exits (F90_PDL_EXIT), so that the
+ * second grid completes after the first and work queued behind the forward sees all of it. Thread 0 waits at the end
+ * of the producer's loop only: a split grid has no mask and is never thd, so every CTA of its second launch has key
+ * tiles (nblk > 0) and rows below q_len; a wait on the early exits too made ptxas spill 16 bytes (soft-capping). */
+#ifndef AL_SM90_FWD_PDL
+#define AL_SM90_FWD_PDL 0
+#endif
+#if AL_SM90_FWD_PDL && AL_SM90_ROW0
+#define F90_PDL_EXIT(is_thread0) \
+    do { \
+        if (is_thread0) asm volatile("griddepcontrol.wait;\n" ::: "memory"); \
+    } while (0)
+#else
+#define F90_PDL_EXIT(is_thread0) ((void)0)
+#endif
 #ifndef AL_TANH_FMA_EVERY   /* flash_common.cuh: an experiment, off */
 #define AL_TANH_FMA_EVERY 0
 #endif
@@ -193,6 +212,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
 
     if (m0 >= s.q_len) {     /* past the sequence: lse = -inf (out was zero-filled by the host) */
         for (int i = m0 + tid; i < m0 + BM && i < p.SQ; i += NT) lse_row[i] = AL_NEG_INF;
+        /* (no F90_PDL_EXIT here: a split grid is never thd, so its second launch's blocks all start below sq = q_len) */
         return;
     }
     /* the key range that rows [m0, m_last] can see (as flash_fwd.cu) */
@@ -225,6 +245,9 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
             al_mbar_init(BAR_VE(i), 4 * NC);
         }
         al_mbar_init_fence();
+#if AL_SM90_FWD_PDL && !AL_SM90_ROW0
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");   /* the split's second launch may start */
+#endif
     }
 #if AL_BLOCK_MASK
     /* the list after the barriers (the host's smem size counts 2 AL_SM90_BM_LIST + 16 bytes for it) */
@@ -294,6 +317,7 @@ extern "C" __global__ void __launch_bounds__(f90::NT, 1)
                 if (lane == 0) al_mbar_arrive(BAR_VF(stg));
             }
         }
+        F90_PDL_EXIT(lane == 0);   /* (warp 0's lane 0, thread 0: every CTA of a split grid's second launch gets here) */
         return;
     }
 

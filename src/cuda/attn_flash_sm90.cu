@@ -220,7 +220,8 @@ static al_status default_function(int32_t dev, const al_flash_spec *spec, int sm
  * (0, or the second launch of a split grid: spec.fwd_row0). 0 with *launched = 0: TMA cannot describe the strides
  * (the caller's stage-1 fallback; only a first launch can get it, both build their maps from the same tensors). */
 static al_status sm90_fwd_launch(int32_t dev, const al_attn_plan *pl, const al_flash_params *prm, cudaStream_t s,
-                                 const al_flash_spec *spec, long long gx, int m_row0, int *launched, double *prof) {
+                                 const al_flash_spec *spec, long long gx, int m_row0, int pdl, int *launched,
+                                 double *prof) {
     *launched = 0;
     const al_attn_params *p = &pl->p;
     const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(spec);
@@ -250,9 +251,27 @@ static al_status sm90_fwd_launch(int32_t dev, const al_attn_plan *pl, const al_f
     prm_copy.sched_hb = sched_heads(dev, spec->mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
                                     (double)rows_kv / (thd ? p->b : 1) * (double)(p->d_qk + p->d_v) * 2.0, group);
     void *args[] = {&prm_copy, &tm};
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS && !pdl) {
         r = cuLaunchKernel(fn, (unsigned)gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)tl.smem,
                            (CUstream)s, args, NULL);
+    } else if (r == CUDA_SUCCESS) {   /* a split grid's second launch beside the first's end (al_flash_sm90_fwd_pdl) */
+        CUlaunchConfig cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.gridDimX = (unsigned)gx;
+        cfg.gridDimY = (unsigned)p->h;
+        cfg.gridDimZ = (unsigned)p->b;
+        cfg.blockDimX = (unsigned)tl.threads;
+        cfg.blockDimY = cfg.blockDimZ = 1;
+        cfg.sharedMemBytes = (unsigned)tl.smem;
+        cfg.hStream = (CUstream)s;
+        CUlaunchAttribute at;
+        memset(&at, 0, sizeof at);
+        at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at.value.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+        r = cuLaunchKernelEx(&cfg, fn, args, NULL);
+    }
     if (r != CUDA_SUCCESS) {
         const char *msg = NULL, *nm = NULL;
         cuGetErrorString(r, &msg);
@@ -285,19 +304,21 @@ al_status al_flash_sm90_forward(int32_t dev, const al_attn_plan *pl, const al_fl
         s3.fwd_consumers = 3;
         s2.fwd_consumers = 0;
         s2.fwd_row0 = 1;
+        const int pdl = al_flash_sm90_fwd_pdl();   /* (opt-in: flash_sm90_specs.h) */
+        s3.fwd_pdl = s2.fwd_pdl = pdl;
         int64_t gx[2];
         al_flash_sm90_split_grid(p->sq, r3, gx);
         int launched = 0;
-        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s3, gx[0], 0, &launched, prof));
+        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s3, gx[0], 0, 0, &launched, prof));
         if (!launched) return AL_OK;
-        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s2, gx[1], (int)r3, &launched, NULL));
+        AL_TRY(sm90_fwd_launch(dev, pl, prm, s, &s2, gx[1], (int)r3, pdl, &launched, NULL));
         if (!launched)   /* cannot happen: both maps describe the same tensors */
             return al_error(AL_ERR_CUDA, "the split Hopper forward's second launch found strides TMA cannot describe");
         *done = 1;
         return AL_OK;
     }
     const al_flash_sm90_tiles tl = al_flash_sm90_spec_tiles(&spec);
-    return sm90_fwd_launch(dev, pl, prm, s, &spec, (p->sq + tl.bm - 1) / tl.bm, 0, done, prof);
+    return sm90_fwd_launch(dev, pl, prm, s, &spec, (p->sq + tl.bm - 1) / tl.bm, 0, 0, done, prof);
 }
 
 /* ---- the Hopper backward (kernels/flash_bwd_sm90.cu) ------------------------------------------------------

@@ -101,6 +101,19 @@ static inline void al_flash_sm90_split_grid(int64_t sq, int64_t r3, int64_t gx[2
     gx[0] = r3 / 192;
     gx[1] = (sq - r3 + 127) / 128;
 }
+/* ATTNLAB_FLASH_SM90_FWD_PDL=1 (opt-in, session 27: written without a GPU, not yet timed or checked on one): a split
+ * grid's second launch goes out with programmatic stream serialisation, so that its CTAs start on the SMs the first
+ * launch leaves idle in its last wave (and without the gap between two launches), instead of after the whole first
+ * grid; the first launch signals its dependents at its start, the second waits for the first before it exits (so
+ * work queued after the forward still sees all of O and the LSE). Their own specialisations (fwd_pdl,
+ * -DAL_SM90_FWD_PDL=1): the default kernels are unchanged. ATTNLAB_FLASH_SM90_PDL=0 switches it off as it does the
+ * backward's. At 16 heads x 4096 on 132 SMs the split's first launch fills 1.94 waves at b = 1: 8 SMs idle for a
+ * 192-row tile's time, plus the launch gap, in a forward of ~250 us where soft-capping measured 1.17-1.20x the plain
+ * kernel on an H100 (session 26). */
+static inline int al_flash_sm90_fwd_pdl(void) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_FWD_PDL"), *all = getenv("ATTNLAB_FLASH_SM90_PDL");
+    return e && strcmp(e, "1") == 0 && !(all && strcmp(all, "0") == 0);
+}
 /* ATTNLAB_FLASH_SM90_CONSUMERS=split: 1 (the split grid above wherever the model finds a split row, also where
  * three consumers throughout pay: for measurements), else 0 */
 static inline int al_flash_sm90_split_env(void) {
@@ -145,6 +158,7 @@ static inline int al_flash_sm90_spec_options(const al_flash_spec *s, char opts[A
     /* three consumers: 192-row tiles under any block_m (a tile's kind combines the block rows it spans) */
     if (s->variant && s->block_mask && t.consumers == 3) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_BM_SPAN=1");
     if (s->fwd_row0) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_ROW0=1");
+    if (s->fwd_pdl) snprintf(opts[n++], AL_FLASH_OPT_LEN, "-DAL_SM90_FWD_PDL=1");
     return n;
 }
 
@@ -155,6 +169,7 @@ static inline void al_flash_sm90_spec_name(const al_flash_spec *s, char *buf, si
                      s->mask == AL_FLASH_MASK_NONE ? "" : s->bottom_right ? "-br" : "-tl");
     if (s->fwd_consumers == 3 && u > 0 && (size_t)u < n) u += snprintf(buf + u, n - (size_t)u, " c3");
     if (s->fwd_row0 && u > 0 && (size_t)u < n) u += snprintf(buf + u, n - (size_t)u, " row0");
+    if (s->fwd_pdl && u > 0 && (size_t)u < n) u += snprintf(buf + u, n - (size_t)u, " pdl");
     if (s->variant && u > 0 && (size_t)u < n)
         snprintf(buf + u, n - (size_t)u, " variant %016llx%s", s->vhash[0], s->block_mask ? " blockmask" : "");
 }

@@ -43,6 +43,9 @@ typedef struct al_flash_spec {
     /* 1 = the Hopper forward's row blocks start at al_flash_params.m_row0 (-DAL_SM90_ROW0=1): the two-consumer
      * launch of a split grid, whose first rows three consumers take (flash_sm90_specs.h, al_flash_sm90_c3_rows) */
     int fwd_row0;
+    /* 1 = the Hopper forward is one of a split grid's two launches under programmatic dependent launch
+     * (-DAL_SM90_FWD_PDL=1, ATTNLAB_FLASH_SM90_FWD_PDL=1; flash_sm90_specs.h, al_flash_sm90_fwd_pdl) */
+    int fwd_pdl;
 } al_flash_spec;
 
 /* Tile sizes and launch shape of a specialisation. */

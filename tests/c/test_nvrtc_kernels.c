@@ -396,6 +396,26 @@ static void test_fwd_c3_shapes(void) {
     al_flash_sm90_spec_name(&r0, nm, sizeof nm);
     CHECK(memcmp(&t0, &t1, sizeof t0) == 0 && has_opt(opts, n0, "-DAL_SM90_ROW0=1") && strstr(nm, " row0") != NULL,
           "fwd_row0: tiles changed, or no ROW0 option, or name '%s'", nm);
+    /* the split grid's launches under programmatic dependent launch: -DAL_SM90_FWD_PDL=1, " pdl"; opt-in, and off
+     * whenever ATTNLAB_FLASH_SM90_PDL=0 */
+    CHECK(!has_opt(opts, n0, "-DAL_SM90_FWD_PDL=1"), "FWD_PDL without fwd_pdl");
+    r0.fwd_pdl = 1;
+    const al_flash_sm90_tiles t2 = al_flash_sm90_spec_tiles(&r0);
+    n0 = al_flash_sm90_spec_options(&r0, opts);
+    al_flash_sm90_spec_name(&r0, nm, sizeof nm);
+    CHECK(memcmp(&t0, &t2, sizeof t0) == 0 && has_opt(opts, n0, "-DAL_SM90_FWD_PDL=1") && strstr(nm, " row0 pdl") != NULL,
+          "fwd_pdl: tiles changed, or no FWD_PDL option, or name '%s'", nm);
+    unsetenv("ATTNLAB_FLASH_SM90_FWD_PDL");
+    unsetenv("ATTNLAB_FLASH_SM90_PDL");
+    CHECK(al_flash_sm90_fwd_pdl() == 0, "ATTNLAB_FLASH_SM90_FWD_PDL unset read as on");
+    setenv("ATTNLAB_FLASH_SM90_FWD_PDL", "1", 1);
+    CHECK(al_flash_sm90_fwd_pdl() == 1, "ATTNLAB_FLASH_SM90_FWD_PDL=1 read as off");
+    setenv("ATTNLAB_FLASH_SM90_PDL", "0", 1);
+    CHECK(al_flash_sm90_fwd_pdl() == 0, "ATTNLAB_FLASH_SM90_PDL=0 did not switch the forward's PDL off");
+    setenv("ATTNLAB_FLASH_SM90_FWD_PDL", "yes", 1);
+    unsetenv("ATTNLAB_FLASH_SM90_PDL");
+    CHECK(al_flash_sm90_fwd_pdl() == 0, "ATTNLAB_FLASH_SM90_FWD_PDL=yes read as on");
+    unsetenv("ATTNLAB_FLASH_SM90_FWD_PDL");
 }
 
 int main(void) {
@@ -433,7 +453,7 @@ int main(void) {
      * another): each compiled for the Hopper forward (bf16 d128 no mask, f16 d64 causal; three consumers: bf16 d128 no mask,
      * bf16 d64 causal), the Hopper
      * backward's two kernels (bf16 d128 causal) and the stage-1 forward and backward (bf16 d64, sm_90a) */
-    enum { MAX_GEN = 24, JOBS_PER_GEN = 9 };
+    enum { MAX_GEN = 24, JOBS_PER_GEN = 11 };
     static gen_variant gen[MAX_GEN];
     int ngen = 0;
     const char *gpath = getenv("ATTNLAB_VARIANT_SNIPPETS");
@@ -543,19 +563,23 @@ int main(void) {
         }
     for (int i = 0; i < ngen; i++) {
         /* (c3: the three-consumer forward; row0: the two-consumer launch of a split grid, ATTNLAB_FLASH_SM90_CONSUMERS=
-         * split, which the host runs without a block mask only) */
-        static const struct { int fam, kind, d, bf16, mask, c3, row0; } J[JOBS_PER_GEN] = {
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0, 0},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0, 0},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 1, 0},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_CAUSAL, 1, 0},
-            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0, 1},
-            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0, 0},
-            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0, 0},
-            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE, 0, 0},
-            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE, 0, 0}};
+         * split, which the host runs without a block mask only; pdl: both launches of a split grid under
+         * ATTNLAB_FLASH_SM90_FWD_PDL=1, compiled for soft-capping alone) */
+        static const struct { int fam, kind, d, bf16, mask, c3, row0, pdl; } J[JOBS_PER_GEN] = {
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0, 0, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 0, AL_FLASH_MASK_CAUSAL, 0, 0, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 1, 0, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_CAUSAL, 1, 0, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0, 1, 0},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 1, 0, 1},
+            {FAM_SM90_FWD, AL_FLASH_FWD, 128, 1, AL_FLASH_MASK_NONE, 0, 1, 1},
+            {FAM_SM90_BWD_DKDV, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0, 0, 0},
+            {FAM_SM90_BWD_DQ, AL_FLASH_BWD, 128, 1, AL_FLASH_MASK_CAUSAL, 0, 0, 0},
+            {FAM_STAGE1, AL_FLASH_FWD, 64, 1, AL_FLASH_MASK_NONE, 0, 0, 0},
+            {FAM_STAGE1, AL_FLASH_BWD, 64, 1, AL_FLASH_MASK_NONE, 0, 0, 0}};
         for (int k = 0; k < JOBS_PER_GEN; k++) {
             if (J[k].row0 && gen[i].block_mask) continue;
+            if (J[k].pdl && strcmp(gen[i].name, "softcap") != 0) continue;
             al_flash_spec *sp = &specs[njobs];
             memset(sp, 0, sizeof *sp);
             sp->kind = J[k].kind;
@@ -564,6 +588,7 @@ int main(void) {
             sp->mask = J[k].mask;
             sp->fwd_consumers = J[k].c3 ? 3 : 0;
             sp->fwd_row0 = J[k].row0;
+            sp->fwd_pdl = J[k].pdl;
             al_flash_spec_set_variant(sp, &gen[i].hk, gen[i].block_mask);
             job_name(sp, J[k].fam, nm, sizeof nm);
             if (only && *only && !strstr(nm, only)) continue;

@@ -1130,6 +1130,44 @@ describe("variants on the GPU #gpu", function()
     end
   end)
 
+  it("[ATTNLAB_FLASH_SM90_FWD_PDL=1] the split forward's second launch beside the first's end: output and LSE " ..
+     "bit-identical to without, and what follows on the stream sees all of them", function()
+    if not HAS_GPU then pending("no GPU") return end
+    local dev = al.cuda.device_info(0)
+    if not (dev.capability[1] == 9 and dev.capability[2] == 0) then pending("not sm_90") return end
+    local c = 20 + (os.time() % 100000) / 7919 + math.random()
+    al.manual_seed(53)
+    local function grnd(shape) return al.randn(shape, { dtype = "bf16", device = "cuda" }) end
+    local sc = function(score) return c * al.tanh(score / c) end
+    for _, b in ipairs({ 1, 2 }) do
+      local a = { query_layer = grnd({ b, 4096, 16, 128 }), key_layer = grnd({ b, 4096, 16, 128 }),
+        value_layer = grnd({ b, 4096, 16, 128 }), qkv_format = "bshd", attn_mask_type = "no_mask", score_mod = sc,
+        backend = "flash" }
+      -- the split forced, so that the test holds on any SM count (by default it splits here on 132 SMs)
+      local o_0, ctx_0, o_p, ctx_p
+      with_env("ATTNLAB_FLASH_SM90_CONSUMERS", "split", function()
+        o_0, ctx_0 = al.attention.forward(a)
+        local before = {}
+        for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do before[line] = true end
+        with_env("ATTNLAB_FLASH_SM90_FWD_PDL", "1", function()
+          for _ = 1, 3 do o_p, ctx_p = al.attention.forward(a) end   -- (the last one compared: back-to-back launches)
+        end)
+        if b == 1 then   -- its two kernels compiled (the names the host gives them)
+          local new = {}
+          for line in (al.cuda.backend_info("flash") or ""):gmatch("[^\n]+") do
+            if not before[line] and line:find(" pdl ", 1, true) then new[#new + 1] = line end
+          end
+          local text = table.concat(new, "\n")
+          assert(text:find("c3 pdl variant", 1, true) and text:find("row0 pdl variant", 1, true), text)
+        end
+      end)
+      -- (the copies to the host wait for the stream: without the second launch's wait they could read rows the
+      -- first launch had not written yet)
+      assert.equal(0, al.max_abs_diff(o_0:cpu():to("f64"), o_p:cpu():to("f64")), "b = " .. b .. ": output")
+      assert.equal(0, al.max_abs_diff(ctx_0.lse:cpu():to("f64"), ctx_p.lse:cpu():to("f64")), "b = " .. b .. ": lse")
+    end
+  end)
+
   it("causal via mask_mod + block mask == built-in causal on flash", function()
     if not HAS_GPU then pending("no GPU") return end
     local a = { query_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(), key_layer = rnd({ 1, 512, 4, 128 }, "bf16"):cuda(),
