@@ -23,7 +23,8 @@ recording": a tensor's __gc finaliser ran while a trace was being recorded (the 
 the interpreter, and every trace exits to it while the collector is finalising, so recordings started
 there are cut short). They cost nothing once the loop is compiled. B counts the others ("trace too long",
 "leaving loop in root trace", "loop unroll limit reached", "blacklisted", NYI ...): each is a defect of
-the hot path, listed on stderr with its location. "loop compiled" says whether a trace that started
+the hot path, listed on stderr with its location. The first "symbol not in cache" at a place (a C function
+looked up for the first time while a recording ran) is listed but not counted: the next recording finds it. "loop compiled" says whether a trace that started
 in this loop was completed.
 ]]
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
@@ -80,6 +81,7 @@ end
 local util = require "jit.util"
 local ok_vmdef, vmdef = pcall(require, "jit.vmdef")
 local aborts, others, loop_trace, compiled = 0, 0, nil, false
+local nocache_seen = {}
 local function on_trace(what, tr, func, pc, otr, oex)
   if what == "start" then
     if func == call then loop_trace = tr end
@@ -88,11 +90,21 @@ local function on_trace(what, tr, func, pc, otr, oex)
   elseif what == "abort" then
     aborts = aborts + 1
     if otr ~= 0 then -- 0: LJ_TRERR_RECERR, "error thrown or hook called during recording"
-      others = others + 1
       local msg = ok_vmdef and vmdef.traceerr[otr] or ("trace error " .. tostring(otr))
       if type(oex) == "number" and msg:find("%d", 1, true) then msg = msg:format(oex) end
       local fi = util.funcinfo(func, pc)
-      io.stderr:write(string.format("host_path_loop: trace abort at %s: %s\n", tostring(fi.loc), msg))
+      local loc = tostring(fi.loc)
+      -- "symbol not in cache": a C function first looked up while a recording ran; the lookup then happens in the
+      -- interpreter and the next recording finds it, so once per place it is as harmless as a finaliser's abort
+      -- (CI's ASan run met one in session 26: a hot counter shared by hashed bytecode addresses started a recording
+      -- on the packed path's second call). A second one at the same place counts.
+      if msg == "symbol not in cache" and not nocache_seen[loc] then
+        nocache_seen[loc] = true
+        io.stderr:write(string.format("host_path_loop: trace abort at %s: %s (once: harmless)\n", loc, msg))
+      else
+        others = others + 1
+        io.stderr:write(string.format("host_path_loop: trace abort at %s: %s\n", loc, msg))
+      end
     end
   end
 end
