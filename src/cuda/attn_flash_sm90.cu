@@ -251,10 +251,7 @@ static al_status sm90_fwd_launch(int32_t dev, const al_attn_plan *pl, const al_f
     prm_copy.sched_hb = sched_heads(dev, spec->mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
                                     (double)rows_kv / (thd ? p->b : 1) * (double)(p->d_qk + p->d_v) * 2.0, group);
     void *args[] = {&prm_copy, &tm};
-    if (r == CUDA_SUCCESS && !pdl) {
-        r = cuLaunchKernel(fn, (unsigned)gx, (unsigned)p->h, (unsigned)p->b, (unsigned)tl.threads, 1, 1, (unsigned)tl.smem,
-                           (CUstream)s, args, NULL);
-    } else if (r == CUDA_SUCCESS) {   /* a split grid's second launch beside the first's end (al_flash_sm90_fwd_pdl) */
+    if (r == CUDA_SUCCESS) {
         CUlaunchConfig cfg;
         memset(&cfg, 0, sizeof cfg);
         cfg.gridDimX = (unsigned)gx;
@@ -268,8 +265,10 @@ static al_status sm90_fwd_launch(int32_t dev, const al_attn_plan *pl, const al_f
         memset(&at, 0, sizeof at);
         at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         at.value.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = &at;
-        cfg.numAttrs = 1;
+        if (pdl) {   /* a split grid's second launch beside the first's end (al_flash_sm90_fwd_pdl) */
+            cfg.attrs = &at;
+            cfg.numAttrs = 1;
+        }
         r = cuLaunchKernelEx(&cfg, fn, args, NULL);
     }
     if (r != CUDA_SUCCESS) {

@@ -101,19 +101,6 @@ static inline void al_flash_sm90_split_grid(int64_t sq, int64_t r3, int64_t gx[2
     gx[0] = r3 / 192;
     gx[1] = (sq - r3 + 127) / 128;
 }
-/* ATTNLAB_FLASH_SM90_FWD_PDL=1 (opt-in, session 27: written without a GPU, not yet timed or checked on one): a split
- * grid's second launch goes out with programmatic stream serialisation, so that its CTAs start on the SMs the first
- * launch leaves idle in its last wave (and without the gap between two launches), instead of after the whole first
- * grid; the first launch signals its dependents at its start, the second waits for the first before it exits (so
- * work queued after the forward still sees all of O and the LSE). Their own specialisations (fwd_pdl,
- * -DAL_SM90_FWD_PDL=1): the default kernels are unchanged. ATTNLAB_FLASH_SM90_PDL=0 switches it off as it does the
- * backward's. At 16 heads x 4096 on 132 SMs the split's first launch fills 1.94 waves at b = 1: 8 SMs idle for a
- * 192-row tile's time, plus the launch gap, in a forward of ~250 us where soft-capping measured 1.17-1.20x the plain
- * kernel on an H100 (session 26). */
-static inline int al_flash_sm90_fwd_pdl(void) {
-    const char *e = getenv("ATTNLAB_FLASH_SM90_FWD_PDL"), *all = getenv("ATTNLAB_FLASH_SM90_PDL");
-    return e && strcmp(e, "1") == 0 && !(all && strcmp(all, "0") == 0);
-}
 /* ATTNLAB_FLASH_SM90_CONSUMERS=split: 1 (the split grid above wherever the model finds a split row, also where
  * three consumers throughout pay: for measurements), else 0 */
 static inline int al_flash_sm90_split_env(void) {
@@ -233,6 +220,19 @@ static inline int al_flash_sm90_bwd_persist(const al_flash_spec *s, int role) {
 static inline int al_flash_sm90_bwd_pdl(void) {
     const char *e = getenv("ATTNLAB_FLASH_SM90_PDL");
     return !(e && strcmp(e, "0") == 0);
+}
+/* ATTNLAB_FLASH_SM90_FWD_PDL=1 (opt-in, session 27: written without a GPU, not yet timed or checked on one): a split
+ * grid's second launch goes out with programmatic stream serialisation, so that its CTAs start on the SMs the first
+ * launch leaves idle in its last wave (and without the gap between two launches), instead of after the whole first
+ * grid; the first launch signals its dependents at its start, the second waits for the first before it exits (so
+ * work queued after the forward still sees all of O and the LSE). Their own specialisations (fwd_pdl,
+ * -DAL_SM90_FWD_PDL=1): the default kernels are unchanged. ATTNLAB_FLASH_SM90_PDL=0 switches it off as it does the
+ * backward's. At 16 heads x 4096 on 132 SMs the split's first launch fills 1.94 waves at b = 1: 8 SMs idle for a
+ * 192-row tile's time, plus the launch gap, in a forward of ~250 us where soft-capping measured 1.17-1.20x the plain
+ * kernel on an H100 (session 26). */
+static inline int al_flash_sm90_fwd_pdl(void) {
+    const char *e = getenv("ATTNLAB_FLASH_SM90_FWD_PDL");
+    return e && strcmp(e, "1") == 0 && al_flash_sm90_bwd_pdl();
 }
 /* role 2 (dK/dV/dQ) adds two dS^T buffers of bm x bn 16-bit elements; the persistent kernels a second set of
  * owned rows (and with a block mask a second tile list) */
