@@ -224,21 +224,21 @@ if section(1) then
     elseif flags["--bwd-ab"] then
       -- the backward's alternatives only (the variant's kernels; the plain reference stays the default build)
       configs, names = { a, with(a, { score_mod = sc }) }, { "plain (reference)", "softcap 30 (score_mod)" }
-      -- (session 26's set: the dQ kernel's ping-pong, opt-in, and the dK/dV kernel's one element pass (mode 2) with and
-      -- without the dQ one pass; mode 3, FA3's order, was slower than mode 2 at every b and is not timed here)
+      -- (the dQ kernel's ping-pong, opt-in; the dK/dV kernel's order before session 28 (mode 0; mode 2, one element
+      -- pass, is the default since); mode 2 with the dQ one pass; mode 3, FA3's order, was slower than mode 2 at every
+      -- b and is not timed here)
       extra = { { sc, { VD, "AL_SM90_BWD_PINGPONG=1" }, "softcap 30, dQ ping-pong" },
         { sc, { FG, "0" }, "softcap 30, bwd logit unfolded" },
-        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" },
-        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_CONSUMER_REGS=232" }, "softcap 30, bwd one pass, 232 regs" },
-        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_DQ_ONE_PASS=1 AL_SM90_BWD_CONSUMER_REGS=232" },
-          "softcap 30, one pass + dQ one pass, 232" } }
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=0" }, "softcap 30, bwd mode 0 (old order)" },
+        { sc, { VD, "AL_SM90_BWD_DQ_ONE_PASS=1 AL_SM90_BWD_CONSUMER_REGS=232" },
+          "softcap 30, + dQ one pass, 232" } }
     elseif flags["--experiments"] then
       -- the defaults' alternatives: the forward's two or three consumers forced or its grid split where the host
       -- would not (src/cuda/flash_sm90_specs.h: two at b = 1 and 2 here on 132 SMs would be the split's, three at
       -- b = 4 the default), the plain kernel with three, the sliced backward (the lean one is the default), the
       -- backward's logit and gradient unfolded (ATTNLAB_VARIANT_FOLD_GRAD=0; folded is the default), the dK/dV
-      -- kernel's dP^T issued beside S^T (AL_SM90_BWD_EARLY_DP=1: under step 2; =2: one element-wise pass; =3: FA3's
-      -- order, session 24). Session 22's build switches (the tanh or the exponentials partly on the FMA pipe, the c2
+      -- kernel's dP^T issued beside S^T (AL_SM90_BWD_EARLY_DP=1: under step 2; =3: FA3's order, session 24; =0:
+      -- after step 2, the order before session 28; 2, one element-wise pass, is the default). Session 22's build switches (the tanh or the exponentials partly on the FMA pipe, the c2
       -- forward without ping-pong or S/O overlap) all measured slower on the H200 in session 23 (docs/PERFORMANCE.md)
       -- and are no longer timed here.
       extra = { { sc, C2, "softcap 30, fwd two consumers" },
@@ -248,7 +248,7 @@ if section(1) then
         { sc, { VD, "AL_SM90_LEAN_MOD=0" }, "softcap 30, sliced backward" },
         { sc, { FG, "0" }, "softcap 30, bwd logit unfolded" },
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=1" }, "softcap 30, bwd dP^T under P" },
-        { sc, { VD, "AL_SM90_BWD_EARLY_DP=2" }, "softcap 30, bwd one element pass" },
+        { sc, { VD, "AL_SM90_BWD_EARLY_DP=0" }, "softcap 30, bwd mode 0 (old order)" },
         { sc, { VD, "AL_SM90_BWD_EARLY_DP=3" }, "softcap 30, bwd FA3 order" } }
     end
     for _, x in ipairs(extra) do

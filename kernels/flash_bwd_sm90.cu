@@ -147,8 +147,10 @@ static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
 #ifndef AL_BWD_EX2_FMA_EVERY
 #define AL_BWD_EX2_FMA_EVERY 0
 #endif
-/* AL_SM90_BWD_EARLY_DP (an experiment, 0 = off; ATTNLAB_VARIANT_DEFINES, or a kernel folder's edited default): the
- * dK/dV kernel issues dP^T = V dO^T right behind S^T, in a commit group of its own (the dQ kernel always did).
+/* AL_SM90_BWD_EARLY_DP (2, the default since session 28; 0, 1, 3 through ATTNLAB_VARIANT_DEFINES or a kernel folder's
+ * edited default): the order of the dK/dV kernel's products and element-wise pass. 0 (the default until session 27):
+ * dP^T is issued after step 2 has computed P. Otherwise dP^T = V dO^T goes out right behind S^T, in a commit group
+ * of its own (the dQ kernel always did).
  * 1: dP^T runs while step 2 computes P, so step 2's exponentials (and a score_mod's tanh) leave the warpgroup's
  * critical path; dP^T's 32 accumulators are live through step 2, so the D columns are read from the stage's
  * shared-memory copy in step 4 instead of being held from step 1 (session 11's first try, with them held,
@@ -157,14 +159,15 @@ static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
  * out in one batch: two waits per tile instead of three, and no P f beside P in the lean path. 3 (FA3's order): as 1,
  * but dV waits for dS and goes out beside dK: two waits per tile, the P step under dP^T. Session 26 (H100, 11 rounds,
  * four runs): mode 2 in the soft-capped kernels alone 1-3% faster than the default at every b, and in every kernel
- * the plain backward 0-3% faster too; mode 3 slower than mode 2 at every b. Not the default yet: the plain kernels
- * under it have not run attention_flash_spec (every kernel compiles afresh there: more than a device call's 10
- * minutes; scripts/gpu_session.sh's SHARDS is for that). Every backward specialisation and generated variant compiles
+ * the plain backward 0-3% faster too; mode 3 slower than mode 2 at every b. Session 28 (H100, 11 rounds): every kernel
+ * at mode 2 against the default then, plain 415-417 against 400-409 TFLOP/s, soft-capped 365-374 against 361-364;
+ * attention_flash_spec and variants_spec passed with every kernel built so (224 / 0), then made the default.
+ * Every backward specialisation and generated variant compiles
  * without spills under it (session 27: soft-capping alone spilled 8 bytes at 224 registers, so the lean dK/dV kernel
  * takes 232 under mode 2, AL_SM90_BWD_CONSUMER_REGS below; soft-capping beside a block-masked document mask_mod
  * spilled 4 more, the work-item pointer: B90_ITEM_SMEM in the kernel). */
 #ifndef AL_SM90_BWD_EARLY_DP
-#define AL_SM90_BWD_EARLY_DP 0
+#define AL_SM90_BWD_EARLY_DP 2
 #endif
 /* AL_SM90_BWD_DQ_ONE_PASS (an experiment, 0 = off; ATTNLAB_VARIANT_DEFINES, or a kernel folder's edited default): the
  * dQ kernel's counterpart of AL_SM90_BWD_EARLY_DP=2. Its dP is issued beside S already; here both retire before one
@@ -566,8 +569,8 @@ extern "C" __global__ void __launch_bounds__(b90::NT, 1)
      * consumers (published by the OWN_F arrival). Under AL_SM90_BWD_EARLY_DP=2 through their shared-memory address,
      * from sBar where used: the pointer computed here, live across both roles' setmaxnreg, was the one value
      * spilled (4 bytes, stored once, loaded once per item) in soft-capping + document's d = 128 dK/dV kernel there.
-     * Only there, so that the default kernels' SASS stays the measured one; for every kernel once mode 2 is the
-     * default. */
+     * (Tied to mode 2, the default since session 28, so that the other modes' SASS stays the one they were measured
+     * with.) */
 #define B90_ITEM_SMEM (AL_SM90_BWD_EARLY_DP == 2)
 #define B90_S_ITEM(ob) (sBar + 8u * (4 + 2 * ST) + 4u * (ob))
 #if !B90_ITEM_SMEM

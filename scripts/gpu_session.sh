@@ -13,7 +13,7 @@
 # FILE.I-of-N. E.g. SPECS=tests/spec/attention_flash_spec.lua SHARDS=8 JOBS=8 SUITE_TIMEOUT=560.
 # KERNEL_DEFAULTS="NAME=V ..." runs everything (suites and benchmarks) with a copy of kernels/ whose switches' defaults
 # are changed so (scripts/kernel_folder.sh, in /tmp/attnlab-kernels; exported as ATTNLAB_KERNEL_DIR), e.g.
-# KERNEL_DEFAULTS=AL_SM90_BWD_EARLY_DP=2: a candidate default checked before it is committed.
+# KERNEL_DEFAULTS=AL_SM90_BWD_PINGPONG=1: a candidate default checked before it is committed (mode 2 so, session 28).
 OUT=${OUT:-/tmp/gpu-out}
 JOBS=${JOBS:-4}
 SHARDS=${SHARDS:-1}

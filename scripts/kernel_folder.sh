@@ -2,7 +2,7 @@
 # kernel_folder.sh — a copy of kernels/ with some build switches' defaults changed, for a GPU run under
 # ATTNLAB_KERNEL_DIR (the library compiles the kernels from that folder at run time, so no rebuild is needed):
 #
-#   sh scripts/kernel_folder.sh DIR NAME=V [NAME=V ...]     e.g. /tmp/k AL_SM90_BWD_EARLY_DP=2
+#   sh scripts/kernel_folder.sh DIR NAME=V [NAME=V ...]     e.g. /tmp/k AL_SM90_BWD_PINGPONG=1
 #
 # DIR is replaced by a fresh copy of kernels/; in it, the one line `#define NAME <integer>` (a switch's default,
 # read under #ifndef NAME in kernels/*.cu, *.cuh) becomes `#define NAME V`. V must be an integer; a NAME with no

@@ -53,14 +53,16 @@ ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_TANH_FMA_EVERY=4", 1)
 emit("softcap[tanhfma4]", soft, nil, false)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_BWD_EX2_FMA_EVERY=4", 1)
 emit("softcap+document[bwdex2fma4]", soft, doc, true)
--- the backward's element-pass orders (AL_SM90_BWD_EARLY_DP 2 with the dQ kernel's one pass, and 3), with the consumers'
--- 232 registers that keep the soft-capped dK/dV kernel free of spills under them (beside a block-masked document
--- mask_mod mode 2 spills 4 bytes even so: not compiled here)
+-- the backward's element-pass orders (AL_SM90_BWD_EARLY_DP 2, the default, with the dQ kernel's one pass, and 3), with
+-- the consumers' 232 registers that keep the soft-capped dK/dV kernel free of spills under them
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES",
   "AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_DQ_ONE_PASS=1 AL_SM90_BWD_CONSUMER_REGS=232", 1)
 emit("softcap[edp2,dq1pass,r232]", soft, nil, false)
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_EARLY_DP=3 AL_SM90_BWD_CONSUMER_REGS=232", 1)
 emit("softcap[edp3,r232]", soft, nil, false)
+-- mode 0, the default order until session 28 (dP^T after the P step)
+ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_EARLY_DP=0", 1)
+emit("softcap+document[edp0]", soft, doc, true)
 -- the dQ kernel's consumers taking turns (AL_SM90_BWD_PINGPONG), beside a block-masked document mask_mod
 ffi.C.setenv("ATTNLAB_VARIANT_DEFINES", "AL_SM90_BWD_PINGPONG=1", 1)
 emit("softcap+document[dqpp]", soft, doc, true)

@@ -17,9 +17,9 @@ describe("scripts/kernel_folder.sh", function()
   after_each(function() sh("rm -rf " .. q(dir)) end)
 
   it("copies kernels/ and changes exactly the named defaults", function()
-    local out, rc = sh("sh scripts/kernel_folder.sh " .. q(dir) .. " AL_SM90_BWD_EARLY_DP=2 AL_SM90_BWD_PINGPONG=1")
+    local out, rc = sh("sh scripts/kernel_folder.sh " .. q(dir) .. " AL_SM90_BWD_EARLY_DP=0 AL_SM90_BWD_PINGPONG=1")
     assert.equal(0, rc, out)
-    assert.truthy(out:find("flash_bwd_sm90.cu: #define AL_SM90_BWD_EARLY_DP 2", 1, true), out)
+    assert.truthy(out:find("flash_bwd_sm90.cu: #define AL_SM90_BWD_EARLY_DP 0", 1, true), out)
     assert.truthy(out:find("flash_bwd_sm90.cu: #define AL_SM90_BWD_PINGPONG 1", 1, true), out)
     local listing = sh("ls kernels")
     for name in listing:gmatch("%S+") do
@@ -32,7 +32,7 @@ describe("scripts/kernel_folder.sh", function()
         assert.equal(#la, #lb)
         local changed = {}
         for i = 1, #la do if la[i] ~= lb[i] then changed[#changed + 1] = lb[i] end end
-        assert.same({ "#define AL_SM90_BWD_EARLY_DP 2", "#define AL_SM90_BWD_PINGPONG 1" }, changed)
+        assert.same({ "#define AL_SM90_BWD_EARLY_DP 0", "#define AL_SM90_BWD_PINGPONG 1" }, changed)
       end
     end
   end)
