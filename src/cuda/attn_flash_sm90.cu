@@ -216,6 +216,31 @@ static al_status default_function(int32_t dev, const al_flash_spec *spec, int sm
     return AL_OK;
 }
 
+/* cuLaunchKernelEx of fn over grid x block threads (1-D blocks) with smem bytes of dynamic shared memory on stream s;
+ * pdl: with programmatic stream serialisation, so that the grid may start beside the previous one's end (the
+ * kernel's griddepcontrol.wait orders what it reads: the split forward's second launch, the backward's dQ kernel) */
+static CUresult sm90_launch(CUfunction fn, const unsigned grid[3], int threads, int smem, cudaStream_t s, int pdl,
+                            void **args) {
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid[0];
+    cfg.gridDimY = grid[1];
+    cfg.gridDimZ = grid[2];
+    cfg.blockDimX = (unsigned)threads;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = (unsigned)smem;
+    cfg.hStream = (CUstream)s;
+    CUlaunchAttribute at;
+    memset(&at, 0, sizeof at);
+    at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    at.value.programmaticStreamSerializationAllowed = 1;
+    if (pdl) {
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+    }
+    return cuLaunchKernelEx(&cfg, fn, args, NULL);
+}
+
 /* One launch of the Hopper forward: spec's kernel over gx row blocks per (head, batch) pair from query row m_row0
  * (0, or the second launch of a split grid: spec.fwd_row0). 0 with *launched = 0: TMA cannot describe the strides
  * (the caller's stage-1 fallback; only a first launch can get it, both build their maps from the same tensors). */
@@ -251,26 +276,9 @@ static al_status sm90_fwd_launch(int32_t dev, const al_attn_plan *pl, const al_f
     prm_copy.sched_hb = sched_heads(dev, spec->mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
                                     (double)rows_kv / (thd ? p->b : 1) * (double)(p->d_qk + p->d_v) * 2.0, group);
     void *args[] = {&prm_copy, &tm};
-    if (r == CUDA_SUCCESS) {
-        CUlaunchConfig cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.gridDimX = (unsigned)gx;
-        cfg.gridDimY = (unsigned)p->h;
-        cfg.gridDimZ = (unsigned)p->b;
-        cfg.blockDimX = (unsigned)tl.threads;
-        cfg.blockDimY = cfg.blockDimZ = 1;
-        cfg.sharedMemBytes = (unsigned)tl.smem;
-        cfg.hStream = (CUstream)s;
-        CUlaunchAttribute at;
-        memset(&at, 0, sizeof at);
-        at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        at.value.programmaticStreamSerializationAllowed = 1;
-        if (pdl) {   /* a split grid's second launch beside the first's end (al_flash_sm90_fwd_pdl) */
-            cfg.attrs = &at;
-            cfg.numAttrs = 1;
-        }
-        r = cuLaunchKernelEx(&cfg, fn, args, NULL);
-    }
+    const unsigned grid[3] = {(unsigned)gx, (unsigned)p->h, (unsigned)p->b};
+    /* pdl: a split grid's second launch beside the first's end (al_flash_sm90_fwd_pdl) */
+    if (r == CUDA_SUCCESS) r = sm90_launch(fn, grid, tl.threads, tl.smem, s, pdl, args);
     if (r != CUDA_SUCCESS) {
         const char *msg = NULL, *nm = NULL;
         cuGetErrorString(r, &msg);
@@ -451,26 +459,9 @@ al_status al_flash_sm90_backward(int32_t dev, const al_attn_plan *pl, const al_f
         prm_copy.sched_hb = sched_heads(dev, spec.mask == AL_FLASH_MASK_CAUSAL || (pl->in.variant && prm->m_reverse),
                                         rows * per_row, role ? group : 1);
         void *args[] = {&prm_copy, &tm[role]};
-        if (r == CUDA_SUCCESS) {
-            CUlaunchConfig cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cfg.gridDimX = grid[role][0];
-            cfg.gridDimY = grid[role][1];
-            cfg.gridDimZ = grid[role][2];
-            cfg.blockDimX = (unsigned)tl.threads;
-            cfg.blockDimY = cfg.blockDimZ = 1;
-            cfg.sharedMemBytes = (unsigned)smem;
-            cfg.hStream = (CUstream)s;
-            CUlaunchAttribute at;
-            memset(&at, 0, sizeof at);
-            at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            at.value.programmaticStreamSerializationAllowed = 1;
-            if (role == 1 && al_flash_sm90_bwd_pdl()) {   /* beside the dK/dV kernel's end (al_flash_sm90_bwd_pdl) */
-                cfg.attrs = &at;
-                cfg.numAttrs = 1;
-            }
-            r = cuLaunchKernelEx(&cfg, fn[role], args, NULL);
-        }
+        /* the dQ kernel beside the dK/dV kernel's end (al_flash_sm90_bwd_pdl) */
+        if (r == CUDA_SUCCESS)
+            r = sm90_launch(fn[role], grid[role], tl.threads, smem, s, role == 1 && al_flash_sm90_bwd_pdl(), args);
         if (r != CUDA_SUCCESS) {
             const char *msg = NULL, *nm = NULL;
             cuGetErrorString(r, &msg);
