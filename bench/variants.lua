@@ -238,9 +238,9 @@ if section(1) then
       -- b = 4 the default), the plain kernel with three, the sliced backward (the lean one is the default), the
       -- backward's logit and gradient unfolded (ATTNLAB_VARIANT_FOLD_GRAD=0; folded is the default), the dK/dV
       -- kernel's dP^T issued beside S^T (AL_SM90_BWD_EARLY_DP=1: under step 2; =3: FA3's order, session 24; =0:
-      -- after step 2, the order before session 28; 2, one element-wise pass, is the default). Session 22's build switches (the tanh or the exponentials partly on the FMA pipe, the c2
-      -- forward without ping-pong or S/O overlap) all measured slower on the H200 in session 23 (docs/PERFORMANCE.md)
-      -- and are no longer timed here.
+      -- after step 2, the order before session 28; 2, one element-wise pass, is the default). Session 22's build
+      -- switches (the tanh or the exponentials partly on the FMA pipe, the c2 forward without ping-pong or S/O
+      -- overlap) all measured slower on the H200 in session 23 (docs/PERFORMANCE.md) and are no longer timed here.
       extra = { { sc, C2, "softcap 30, fwd two consumers" },
         { sc, C3, "softcap 30, fwd three consumers" },
         { sc, { "ATTNLAB_FLASH_SM90_CONSUMERS", "split" }, "softcap 30, fwd split grid forced" },

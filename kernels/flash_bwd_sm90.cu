@@ -161,11 +161,11 @@ static_assert(BN == 64, "the S/dP products use the m64n64 wrappers");
  * four runs): mode 2 in the soft-capped kernels alone 1-3% faster than the default at every b, and in every kernel
  * the plain backward 0-3% faster too; mode 3 slower than mode 2 at every b. Session 28 (H100, 11 rounds): every kernel
  * at mode 2 against the default then, plain 415-417 against 400-409 TFLOP/s, soft-capped 365-374 against 361-364;
- * attention_flash_spec and variants_spec passed with every kernel built so (224 / 0), then made the default.
- * Every backward specialisation and generated variant compiles
- * without spills under it (session 27: soft-capping alone spilled 8 bytes at 224 registers, so the lean dK/dV kernel
- * takes 232 under mode 2, AL_SM90_BWD_CONSUMER_REGS below; soft-capping beside a block-masked document mask_mod
- * spilled 4 more, the work-item pointer: B90_ITEM_SMEM in the kernel). */
+ * attention_flash_spec and variants_spec passed with every kernel built so (224 / 0), then made the default. Every
+ * backward specialisation and generated variant compiles without spills under it (session 27: soft-capping alone
+ * spilled 8 bytes at 224 registers, so the lean dK/dV kernel takes 232 under mode 2, AL_SM90_BWD_CONSUMER_REGS below;
+ * soft-capping beside a block-masked document mask_mod spilled 4 more, the work-item pointer: B90_ITEM_SMEM in the
+ * kernel). */
 #ifndef AL_SM90_BWD_EARLY_DP
 #define AL_SM90_BWD_EARLY_DP 2
 #endif
