@@ -5,14 +5,9 @@ package.path = "tests/spec/?.lua;" .. package.path
 local al = require "attnlab"
 local chk = require "nn_check"
 
-local F64 = { dtype = "f64" }
-local function rnd(shape) return al.randn(shape, F64) end
+local rnd = chk.rnd
 
--- give every parameter random values (never the zeros/ones of the initialisation)
-local function randomize(m)
-  local p = m:parameters()
-  for _, t in ipairs(p) do t:copy_(al.randn_like(t) * 0.5 + 0.3) end
-end
+local function randomize(m) chk.randomize(m, 0.5, 0.3) end
 
 local function naive_linear(x, w, b, nin, nout)
   local xv, wv, bv = x:flat_values(), w:flat_values(), b and b:flat_values()

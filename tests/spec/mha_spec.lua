@@ -6,13 +6,9 @@ package.path = "tests/spec/?.lua;" .. package.path
 local al = require "attnlab"
 local chk = require "nn_check"
 
-local F64 = { dtype = "f64" }
-local function rnd(shape) return al.randn(shape, F64) end
+local rnd = chk.rnd
 
-local function randomize(m)
-  local p = m:parameters()
-  for _, t in ipairs(p) do t:copy_(al.randn_like(t) * 0.4 + 0.1) end
-end
+local function randomize(m) chk.randomize(m, 0.4, 0.1) end
 
 local function mha(cfg)
   local c = { hidden_size = 8, num_attention_heads = 2, qkv_format = "bshd", attention_dropout = 0,

@@ -1,6 +1,16 @@
 -- Shared helpers for the nn specs (layers, mha, inference): element access, naive loops and central
 -- finite differences in f64.
+local al = require "attnlab"
 local M = {}
+
+-- a fresh standard-normal f64 tensor of the given shape
+function M.rnd(shape) return al.randn(shape, { dtype = "f64" }) end
+
+-- give every parameter of module m random values scale * N(0, 1) + shift (never the zeros/ones of the
+-- initialisation, which would hide a gradient that ignores them)
+function M.randomize(m, scale, shift)
+  for _, t in ipairs(m:parameters()) do t:copy_(al.randn_like(t) * scale + shift) end
+end
 
 -- set element i (1-based, row-major) of a contiguous tensor
 function M.set(t, i, v)
