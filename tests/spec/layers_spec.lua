@@ -10,36 +10,19 @@ local rnd = chk.rnd
 local function randomize(m) chk.randomize(m, 0.5, 0.3) end
 
 local function naive_linear(x, w, b, nin, nout)
-  local xv, wv, bv = x:flat_values(), w:flat_values(), b and b:flat_values()
-  local n = #xv / nin
-  local y = {}
-  for r = 1, n do
-    for o = 1, nout do
-      local s = bv and bv[o] or 0
-      for i = 1, nin do s = s + xv[(r - 1) * nin + i] * wv[(o - 1) * nin + i] end
-      y[(r - 1) * nout + o] = s
-    end
-  end
-  return y
+  local xv = x:flat_values()
+  return chk.linear(xv, #xv / nin, nin, w, b, nout)
 end
 
+-- every row of n values of x normalised (nn_check.norm_vec), as one flat list
 local function naive_norm(kind, x, n, eps, w, b)
   local xv = x:flat_values()
   local wv, bv = w and w:flat_values(), b and b:flat_values()
   local y = {}
   for r = 1, #xv / n do
-    local mean, sq = 0, 0
-    for i = 1, n do mean = mean + xv[(r - 1) * n + i] end
-    mean = mean / n
-    local center = kind == "LayerNorm" and mean or 0
-    for i = 1, n do sq = sq + (xv[(r - 1) * n + i] - center) ^ 2 end
-    local denom = kind == "L2Normalization" and math.sqrt(sq + eps) or math.sqrt(sq / n + eps)
-    for i = 1, n do
-      local v = (xv[(r - 1) * n + i] - center) / denom
-      if wv then v = v * wv[i] end
-      if bv then v = v + bv[i] end
-      y[(r - 1) * n + i] = v
-    end
+    local row = {}
+    for i = 1, n do row[i] = xv[(r - 1) * n + i] end
+    for i, v in ipairs(chk.norm_vec(kind, row, eps, wv, bv)) do y[(r - 1) * n + i] = v end
   end
   return y
 end

@@ -71,4 +71,35 @@ function M.idx(shape)
   end
 end
 
+-- naive y = x W^T + b over plain Lua lists: xv holds `rows` rows of nin values (row-major), w is [nout, nin]
+-- and b [nout] (or nil) as tensors; returns rows * nout values
+function M.linear(xv, rows, nin, w, b, nout)
+  local wv, bv = w:flat_values(), b and b:flat_values()
+  local y = {}
+  for r = 1, rows do
+    for o = 1, nout do
+      local s = bv and bv[o] or 0
+      for i = 1, nin do s = s + xv[(r - 1) * nin + i] * wv[(o - 1) * nin + i] end
+      y[(r - 1) * nout + o] = s
+    end
+  end
+  return y
+end
+
+-- one vector v (a Lua list) normalised as `kind` (LayerNorm, RMSNorm, L2Normalization), then scaled by the
+-- list w and shifted by the list b where given
+function M.norm_vec(kind, v, eps, w, b)
+  local n, mean, sq = #v, 0, 0
+  for i = 1, n do mean = mean + v[i] end
+  mean = mean / n
+  local c = kind == "LayerNorm" and mean or 0
+  for i = 1, n do sq = sq + (v[i] - c) ^ 2 end
+  local den = kind == "L2Normalization" and math.sqrt(sq + eps) or math.sqrt(sq / n + eps)
+  local out = {}
+  for i = 1, n do
+    out[i] = (v[i] - c) / den * (w and w[i] or 1) + (b and b[i] or 0)
+  end
+  return out
+end
+
 return M
