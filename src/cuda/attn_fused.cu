@@ -22,9 +22,9 @@
  * stride). Stats are cuDNN's [b,h,sq,1] fp32 with strides {h*sq, sq, 1, 1}, which is exactly the
  * plan's lse f32 [b,h,sq]: no conversion; rows past a sequence's length are set to -inf after the run.
  *
- * Plan cache: a fixed table (FZ_CACHE_CAP entries, least recently used evicted) keyed by everything
- * that changes the graph: cuDNN version, device, direction, dtype, extents, all strides, ragged
- * strides, mask bounds and alignment, padding, bias shape/strides, ALiBi, sink, dropout p,
+ * Plan cache (cudnn_plan_cache.h): FZ_CACHE_CAP entries, least recently used evicted, keyed by
+ * everything that changes the graph: cuDNN version, device, direction, dtype, extents, all strides,
+ * ragged strides, mask bounds and alignment, padding, bias shape/strides, ALiBi, sink, dropout p,
  * determinism. A failed build is cached too (with its reason), so supports() refuses it cheaply.
  * Scale, dropout scale, seed/offset and pointers are not in the key (by-value or variant pack).
  *
@@ -32,7 +32,7 @@
  * and the backward regenerates the forward's mask) but it is NOT bit-identical to the CPU's
  * al_attn_dropout_uniform stream.
  */
-#include "cuda/cudnn_graph.h"
+#include "cuda/cudnn_plan_cache.h"
 #include "cuda/host_profile.h"
 #include "cuda/attn_fused_fp8.h"   /* FP8 plans (inputs.fp8) are routed to attn_fused_fp8.cu */
 extern "C" {   /* the core is C: its backend registry must be linked unmangled */
@@ -70,25 +70,10 @@ typedef struct fz_key {
     int64_t alibi, sink, dropout_bits, deterministic;
 } fz_key;
 
-typedef struct fz_entry {
-    fz_key key;
-    uint64_t hash, last_used;
-    int used;
-    al_dnn plan;                /* NULL: cuDNN refused this graph (reason says why) */
-    int64_t ws;
-    int64_t uids[AL_DNN_MAX_UIDS];
-    int nuids;
-    int left_is_int;            /* U_LEFT_BOUND is int32 (bottom-right with sequence lengths) */
-    char reason[240];
-} fz_entry;
-
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static fz_entry g_cache[FZ_CACHE_CAP];
-static uint64_t g_tick;
 static cudnnHandle_t g_handle[AL_CU_MAX_DEVICES];
-static int64_t g_builds;        /* plans built (tests read it through al_fused_info) */
 
-static_assert(sizeof(fz_key) % sizeof(int64_t) == 0, "fz_key must be whole int64 words (al_dnn_hash_words)");
+static_assert(sizeof(fz_key) % sizeof(int64_t) == 0, "fz_key must be whole int64 words (cudnn_plan_cache.h)");
 
 /* The per-device handles of this path (cudnn_graph.cu's al_dnn_handle binds them; g_lock held). */
 static al_status get_handle_stream(int32_t dev, cudnnHandle_t *out, cudaStream_t *stream) {
@@ -462,47 +447,21 @@ static void build_backward(al_dnn_graph *g, const fz_key *k, int *left_is_int) {
 }
 
 /* ---- cache ---------------------------------------------------------------------------------------- */
-/* Find or build the entry for k; called with g_lock held. Never NULL: a refused graph is an entry
- * with plan == NULL and the reason. */
-static fz_entry *cache_get(const fz_key *k, cudnnHandle_t handle) {
-    uint64_t h = al_dnn_hash_words(k, sizeof *k);
-    fz_entry *victim = NULL;
-    for (int i = 0; i < FZ_CACHE_CAP; i++) {
-        fz_entry *e = &g_cache[i];
-        if (e->used && e->hash == h && memcmp(&e->key, k, sizeof *k) == 0) {
-            e->last_used = ++g_tick;
-            return e;
-        }
-        /* victim: the first free slot, else the least recently used */
-        if (!victim || (victim->used && (!e->used || e->last_used < victim->last_used))) victim = e;
-    }
-    if (victim->used && victim->plan) cudnnBackendDestroyDescriptor(victim->plan);
-    memset(victim, 0, sizeof *victim);
-    victim->key = *k;
-    victim->hash = h;
-    victim->used = 1;
-    victim->last_used = ++g_tick;
-
-    al_dnn_graph *g = (al_dnn_graph *)malloc(sizeof *g);
-    if (!g) {
-        snprintf(victim->reason, sizeof victim->reason, "out of host memory building the cuDNN graph");
-        return victim;
-    }
-    al_dnn_graph_init(g);
-    if (k->backward) build_backward(g, k, &victim->left_is_int);
-    else build_forward(g, k, &victim->left_is_int);
-    al_status s = al_dnn_build_plan(g, handle, &victim->plan, &victim->ws);
-    if (s == AL_OK) {
-        memcpy(victim->uids, g->uids, sizeof(int64_t) * (size_t)g->nuids);
-        victim->nuids = g->nuids;
-        g_builds++;
-    } else {
-        snprintf(victim->reason, sizeof victim->reason, "%s", al_last_error());
-    }
-    al_dnn_graph_free(g);
-    free(g);
-    return victim;
+/* The graph of key k (one form; cudnn_plan_cache.h). flags: 1 when U_LEFT_BOUND is int32 (bottom-right with
+ * sequence lengths). */
+static int build_graph(al_dnn_graph *g, const void *key, int attempt, int64_t *flags) {
+    const fz_key *k = (const fz_key *)key;
+    if (attempt > 0) return 0;
+    int left_is_int = 0;
+    if (k->backward) build_backward(g, k, &left_is_int);
+    else build_forward(g, k, &left_is_int);
+    *flags = left_is_int;
+    return 1;
 }
+
+static al_dnn_cache_slot g_slots[FZ_CACHE_CAP];
+static fz_key g_keys[FZ_CACHE_CAP];
+static al_dnn_plan_cache g_cache = AL_DNN_PLAN_CACHE(g_slots, g_keys, build_graph);   /* g_lock held */
 
 /* ---- per-call data ------------------------------------------------------------------------------ */
 /* Small per-call inputs (sequence lengths, ragged offsets, slopes, sink, seed/offset) staged in one
@@ -611,7 +570,7 @@ static al_status aux_upload(fz_call *c, fz_aux *a) {
 }
 
 /* Scalars every graph may reference (only those in the entry's UID list are passed). */
-static void set_scalars(fz_call *c, const fz_entry *e) {
+static void set_scalars(fz_call *c, const al_dnn_cached_plan *e) {
     const al_attn_params *p = &c->pl->p;
     const fz_key *k = &c->key;
     double dp = key_dropout(k);
@@ -623,7 +582,7 @@ static void set_scalars(fz_call *c, const fz_entry *e) {
     c->br_skv = (int32_t)p->skv;
     c->br_sq = (int32_t)p->sq;
     c->shift_right = (int32_t)(k->right > 0 ? k->right : 0);
-    if (e->left_is_int) c->left_i = (int32_t)k->left;
+    if (e->flags) c->left_i = (int32_t)k->left;
     else c->left_f = (float)(k->bottom_right ? k->left - p->skv + p->sq : k->left);
     c->ptr[U_SCALE] = &c->scale;
     c->ptr[U_NEG_INF] = &c->ninf;
@@ -633,7 +592,7 @@ static void set_scalars(fz_call *c, const fz_entry *e) {
     c->ptr[U_BR_SKV] = &c->br_skv;
     c->ptr[U_BR_SQ] = &c->br_sq;
     c->ptr[U_SHIFT_RIGHT] = &c->shift_right;
-    c->ptr[U_LEFT_BOUND] = e->left_is_int ? (void *)&c->left_i : (void *)&c->left_f;
+    c->ptr[U_LEFT_BOUND] = e->flags ? (void *)&c->left_i : (void *)&c->left_f;
 }
 
 /* The caller's post_scale_bias (U_BIAS): an input of both graphs when the key has a bias. Its
@@ -642,7 +601,7 @@ static void bind_bias(fz_call *c) {
     if (c->key.has_bias) c->ptr[U_BIAS] = al_tensor_data_ptr(c->pl->in.bias);
 }
 
-static al_status run_entry(cudnnHandle_t handle, const fz_entry *e, fz_call *c, void *ws) {
+static al_status run_entry(cudnnHandle_t handle, const al_dnn_cached_plan *e, fz_call *c, void *ws) {
     void *ptrs[AL_DNN_MAX_UIDS];
     for (int i = 0; i < e->nuids; i++) {
         int64_t u = e->uids[i];
@@ -806,7 +765,7 @@ static int32_t fused_supports(const al_attn_plan *pl, char *reason, size_t n) {
     int ok = 0;
     if (st != AL_OK) snprintf(reason, n, "%s", al_last_error());
     else {
-        fz_entry *e = cache_get(&k, handle);
+        const al_dnn_cached_plan *e = al_dnn_cache_get(&g_cache, &k, handle);
         ok = e->plan != NULL;
         if (!ok) snprintf(reason, n, "cuDNN %s refused the forward graph: %s", vs_, e->reason);
     }
@@ -860,13 +819,13 @@ static al_status fused_forward(const al_attn_plan *pl, al_tensor *out, al_tensor
     key_build(&c->key, pl, &c->su, 0, str, has);
     cudaStream_t stream;
     void *ws = NULL;
-    fz_entry *e = NULL;
+    const al_dnn_cached_plan *e = NULL;
     if (prof) pt[FP_SETUP + 1] = al_hprof_now();
     pthread_mutex_lock(&g_lock);
     cudnnHandle_t handle;
     s = get_handle_stream(dev, &handle, &stream);
     if (s == AL_OK) {
-        e = cache_get(&c->key, handle);
+        e = al_dnn_cache_get(&g_cache, &c->key, handle);
         if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "attention (fused): cuDNN refused the forward graph: %s", e->reason);
     }
     if (prof) pt[FP_PLAN + 1] = al_hprof_now();
@@ -974,12 +933,12 @@ static al_status fused_backward(const al_attn_plan *pl, const al_tensor *out, co
     cudaStream_t stream;
     void *ws = NULL, *acc = NULL, *ssum = NULL, *dbias_tmp = NULL;
     int64_t acc_bytes = p->b * p->h * p->sq * p->d_qk * 4, ssum_bytes = p->b * p->h * p->sq * 4, dbias_bytes = 0;
-    fz_entry *e = NULL;
+    const al_dnn_cached_plan *e = NULL;
     pthread_mutex_lock(&g_lock);
     cudnnHandle_t handle;
     if (s == AL_OK) s = get_handle_stream(dev, &handle, &stream);
     if (s == AL_OK) {
-        e = cache_get(&c->key, handle);
+        e = al_dnn_cache_get(&g_cache, &c->key, handle);
         if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "attention_backward (fused): cuDNN refused the backward graph: %s", e->reason);
     }
     if (s == AL_OK) s = aux_upload(c, a);
@@ -1049,9 +1008,8 @@ al_status al_cu_attn_fused_register(void) {
 extern "C" __attribute__((visibility("default"))) int64_t al_fused_info(char *buf, int64_t n) {
     const char *v = al_dnn_version_text();
     pthread_mutex_lock(&g_lock);
-    int cached = 0;
-    for (int i = 0; i < FZ_CACHE_CAP; i++) cached += g_cache[i].used && g_cache[i].plan;
-    int64_t builds = g_builds;
+    int cached = al_dnn_cache_plans(&g_cache);
+    int64_t builds = g_cache.builds;
     pthread_mutex_unlock(&g_lock);
     if (buf && n > 0) {
         int u = snprintf(buf, (size_t)n, "cudnn=%s cudnn_header=%d.%d.%d plans=%d builds=%lld fp8_builds=%lld", v,

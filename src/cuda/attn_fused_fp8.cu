@@ -45,13 +45,13 @@
  * coincides with top-left), GQA/MQA, no bias/ALiBi/dropout/sink/padding/window/max_logit, S scale
  * given, O given or current per tensor.
  *
- * Plan cache: FZ8_CACHE_CAP entries (least recently used evicted) keyed by cuDNN version, device,
- * direction, formats, extents, all strides and the causal flag; a refused graph is cached with its
- * reason. Scales and pointers are not in the key.
+ * Plan cache (cudnn_plan_cache.h): FZ8_CACHE_CAP entries, least recently used evicted, keyed by
+ * cuDNN version, device, direction, formats, extents, all strides and the causal flag; a refused
+ * graph is cached with its reason. Scales and pointers are not in the key.
  */
 #include "cuda/attn_fused_fp8.h"
 #include "cuda/host_profile.h"
-#include "cuda/cudnn_graph.h"
+#include "cuda/cudnn_plan_cache.h"
 #include "numeric/fp8_scale.h"
 #include "numeric/fp8_delayed.h"
 #include <math.h>
@@ -85,33 +85,12 @@ typedef struct f8_key {
     int64_t causal;
 } f8_key;
 
-typedef struct f8_entry {
-    f8_key key;
-    uint64_t hash, last_used;
-    int used;
-    al_dnn plan;                /* NULL: cuDNN refused the graph (reason says why) */
-    int64_t ws;
-    int64_t uids[AL_DNN_MAX_UIDS];
-    int nuids;
-    char reason[240];
-} f8_entry;
-
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static f8_entry g_cache[FZ8_CACHE_CAP];
-static uint64_t g_tick;
 static cudnnHandle_t g_handle[AL_CU_MAX_DEVICES];
-static int64_t g_builds;
-
-int64_t al_fz8_builds(void) {
-    pthread_mutex_lock(&g_lock);
-    int64_t n = g_builds;
-    pthread_mutex_unlock(&g_lock);
-    return n;
-}
 
 static int is_fp8(int32_t dt) { return dt == AL_DTYPE_FP8_E4M3 || dt == AL_DTYPE_FP8_E5M2; }
 
-static_assert(sizeof(f8_key) % sizeof(int64_t) == 0, "f8_key must be whole int64 words (al_dnn_hash_words)");
+static_assert(sizeof(f8_key) % sizeof(int64_t) == 0, "f8_key must be whole int64 words (cudnn_plan_cache.h)");
 
 /* The per-device handles of this path (cudnn_graph.cu's al_dnn_handle binds them; g_lock held). */
 static al_status get_handle(int32_t dev, cudnnHandle_t *out, cudaStream_t *stream) {
@@ -326,57 +305,25 @@ static void build_backward(al_dnn_graph *g, const f8_key *k, int kfp8) {
 }
 
 /* ---- cache -------------------------------------------------------------------------------------- */
-/* Find or build the entry for k (g_lock held). Never NULL: a refused graph has plan == NULL. */
-static f8_entry *cache_get(const f8_key *k, cudnnHandle_t handle) {
-    uint64_t h = al_dnn_hash_words(k, sizeof *k);
-    f8_entry *victim = NULL;
-    for (int i = 0; i < FZ8_CACHE_CAP; i++) {
-        f8_entry *e = &g_cache[i];
-        if (e->used && e->hash == h && memcmp(&e->key, k, sizeof *k) == 0) {
-            e->last_used = ++g_tick;
-            return e;
-        }
-        if (!victim || (victim->used && (!e->used || e->last_used < victim->last_used))) victim = e;
-    }
-    if (victim->used && victim->plan) cudnnBackendDestroyDescriptor(victim->plan);
-    memset(victim, 0, sizeof *victim);
-    victim->key = *k;
-    victim->hash = h;
-    victim->used = 1;
-    victim->last_used = ++g_tick;
-    al_dnn_graph *g = (al_dnn_graph *)malloc(sizeof *g);
-    if (!g) {
-        snprintf(victim->reason, sizeof victim->reason, "out of host memory building the cuDNN graph");
-        return victim;
-    }
-    al_dnn_graph_init(g);
-    if (k->backward) build_backward(g, k, 0);
-    else build_forward(g, k);
-    al_status s = al_dnn_build_plan(g, handle, &victim->plan, &victim->ws);
-    if (s != AL_OK && k->backward) {
-        /* one fallback form (see build_backward); the first refusal's words are kept if it fails too */
-        snprintf(victim->reason, sizeof victim->reason, "%s", al_last_error());
-        al_dnn_graph_free(g);
-        al_dnn_graph_init(g);
-        build_backward(g, k, 1);
-        s = al_dnn_build_plan(g, handle, &victim->plan, &victim->ws);
-        if (s != AL_OK) {
-            al_dnn_graph_free(g);
-            free(g);
-            return victim;
-        }
-    }
-    if (s == AL_OK) {
-        victim->reason[0] = 0;
-        memcpy(victim->uids, g->uids, sizeof(int64_t) * (size_t)g->nuids);
-        victim->nuids = g->nuids;
-        g_builds++;
-    } else {
-        snprintf(victim->reason, sizeof victim->reason, "%s", al_last_error());
-    }
-    al_dnn_graph_free(g);
-    free(g);
-    return victim;
+/* Form 0 of key k's graph; the backward has a fallback form 1 (see build_backward). cudnn_plan_cache.h. */
+static int build_graph(al_dnn_graph *g, const void *key, int attempt, int64_t *flags) {
+    const f8_key *k = (const f8_key *)key;
+    (void)flags;
+    if (attempt == 0 && !k->backward) build_forward(g, k);
+    else if (attempt <= 1 && k->backward) build_backward(g, k, attempt);
+    else return 0;
+    return 1;
+}
+
+static al_dnn_cache_slot g_slots[FZ8_CACHE_CAP];
+static f8_key g_keys[FZ8_CACHE_CAP];
+static al_dnn_plan_cache g_cache = AL_DNN_PLAN_CACHE(g_slots, g_keys, build_graph);   /* g_lock held */
+
+int64_t al_fz8_builds(void) {
+    pthread_mutex_lock(&g_lock);
+    int64_t n = g_cache.builds;
+    pthread_mutex_unlock(&g_lock);
+    return n;
 }
 
 /* ---- execution ---------------------------------------------------------------------------------- */
@@ -396,7 +343,7 @@ typedef struct f8_run {
     int backward;
 } f8_run;
 
-static al_status run_alloc(f8_run *r, int32_t dev, cudaStream_t stream, const f8_entry *e) {
+static al_status run_alloc(f8_run *r, int32_t dev, cudaStream_t stream, const al_dnn_cached_plan *e) {
     r->dev = dev;
     r->stream = stream;
     AL_TRY(al_cu_malloc(dev, NSC * SC_SLOT, &r->dsc));
@@ -511,7 +458,7 @@ static al_status sc_readback(const f8_run *r, char *dhost, const double *amax_do
 
 /* upload the scalars, execute, and (unless deferred: then the read-back is the caller's) read the amaxes
  * back, which synchronises the stream */
-static al_status run_once(f8_run *r, cudnnHandle_t handle, const f8_entry *e, const char *fn, double *t_exec,
+static al_status run_once(f8_run *r, cudnnHandle_t handle, const al_dnn_cached_plan *e, const char *fn, double *t_exec,
                           int deferred = 0) {
     if (r->ds_scale) {
         f8_sc_from_ds_kernel<<<1, 32, 0, r->stream>>>((char *)r->dsc, r->ds_scale, r->ds_used, r->softmax_scale, r->backward);
@@ -625,7 +572,7 @@ int32_t al_fz8_supports(const al_attn_plan *pl, char *reason, size_t n) {
     int ok = 0;
     if (st != AL_OK) snprintf(reason, n, "%s", al_last_error());
     else {
-        f8_entry *e = cache_get(&key, handle);
+        const al_dnn_cached_plan *e = al_dnn_cache_get(&g_cache, &key, handle);
         ok = e->plan != NULL;
         if (!ok) snprintf(reason, n, "cuDNN %s refused the FP8 forward graph: %s", vs_, e->reason);
     }
@@ -789,7 +736,7 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     memset(&r, 0, sizeof r);
     const double sS = f->scale[AL_FP8_SLOT_S], qmax = al_fp8_fmax(q->dtype);
     double so = f->ds ? 1.0 : f->scale[AL_FP8_SLOT_O];   /* (ds: every scale given, read on the device) */
-    f8_entry *e = NULL;
+    const al_dnn_cached_plan *e = NULL;
     f8_pend *pend = NULL;
     if (f->ds) {
         s = ds_bind(&r, f, dev, fn);
@@ -805,7 +752,7 @@ al_status al_fz8_forward(const al_attn_plan *pl, al_tensor *out, al_tensor *lse,
     cudaStream_t stream;
     s = get_handle(dev, &handle, &stream);
     if (s == AL_OK) {
-        e = cache_get(&key, handle);
+        e = al_dnn_cache_get(&g_cache, &key, handle);
         if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN refused the FP8 forward graph: %s", fn, e->reason);
     }
     if (s == AL_OK) s = run_alloc(&r, dev, stream, e);
@@ -988,7 +935,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
     }
     if (s == AL_OK && !defer && !ds) s = al_fp8_quantize(&do8, dout, bfmt, sdo);
     for (int i = 0; i < 3 && s == AL_OK; i++) s = al_tensor_empty(&g8[i], gd[i]->ndim, gd[i]->size, bfmt, AL_DEVICE_CUDA, dev);
-    f8_entry *e = NULL;
+    const al_dnn_cached_plan *e = NULL;
     double a = p->softmax_scale;
     if (s == AL_OK) {
         const al_tensor *t[NROLE] = {q, pl->in.k, pl->in.v, &o8, &do8, &g8[0], &g8[1], &g8[2]};
@@ -999,7 +946,7 @@ al_status al_fz8_backward(const al_attn_plan *pl, const al_tensor *out, const al
         cudaStream_t stream;
         s = get_handle(dev, &handle, &stream);
         if (s == AL_OK) {
-            e = cache_get(&key, handle);
+            e = al_dnn_cache_get(&g_cache, &key, handle);
             if (!e->plan) s = al_error(AL_ERR_UNSUPPORTED, "%s: cuDNN refused the FP8 backward graph: %s", fn, e->reason);
         }
         if (s == AL_OK) s = run_alloc(&r, dev, stream, e);

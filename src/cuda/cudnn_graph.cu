@@ -316,13 +316,6 @@ al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, const int64_t
 }
 
 /* ---- shared by the fused backend's paths ------------------------------------------------------- */
-uint64_t al_dnn_hash_words(const void *key, size_t nbytes) {
-    const int64_t *p = (const int64_t *)key;
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < nbytes / sizeof(int64_t); i++) h = (h ^ (uint64_t)p[i]) * 1099511628211ULL;
-    return h;
-}
-
 static char g_version_text[32];
 static pthread_once_t g_version_once = PTHREAD_ONCE_INIT;
 static void version_text_init(void) {

@@ -79,8 +79,6 @@ AL_CU_HIDDEN al_status al_dnn_execute(cudnnHandle_t handle, al_dnn plan, int n, 
 extern __thread double al_dnn_prof_ns[2];
 
 /* ---- shared by the fused backend's paths (attn_fused.cu: f16/bf16, attn_fused_fp8.cu: FP8) ---------- */
-/* FNV-1a over a plan-cache key made of whole int64 words (nbytes a multiple of 8). */
-AL_CU_HIDDEN uint64_t al_dnn_hash_words(const void *key, size_t nbytes);
 /* "9.19.1": the loaded cuDNN's version, formatted once (reasons quote it on every supports() call). */
 AL_CU_HIDDEN const char *al_dnn_version_text(void);
 /* A device's compute capability major (cached; 0 when unknown). */
