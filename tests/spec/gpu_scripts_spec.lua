@@ -25,6 +25,10 @@ describe("GPU-only scripts", function()
     { "scripts/flash_probe.lua", "--calls=0", "--calls expects a positive integer, got 0" },
     { "scripts/flash_probe.lua", "--shape", "unknown argument --shape" },
     { "scripts/flash_probe.lua", "--softcap=0", "--softcap expects a positive number, got 0" },
+    { "scripts/fp8_repeat_probe.lua", "--shape=2,4,128", "--shape expects b,h,s,d" },
+    { "scripts/fp8_repeat_probe.lua", "--mask=padding", "--mask expects no_mask or causal, got padding" },
+    { "scripts/fp8_repeat_probe.lua", "--reps=1", "--reps expects an integer >= 2, got 1" },
+    { "scripts/fp8_repeat_probe.lua", "--pack", "unknown argument --pack" },
   }
   for _, c in ipairs(cases) do
     it(c[1] .. " " .. c[2] .. ": an error naming it", function()
@@ -39,7 +43,9 @@ describe("GPU-only scripts", function()
     { "scripts/flash_sched_ab.lua", "--modes=0,default,4 --rounds=3 --env=ATTNLAB_FLASH_SCHED",
       "flash_sched_ab: skipped, no usable GPU" },
     { "scripts/flash_probe.lua", "--shape=2,4,256,64 --mask=causal --dtype=f16 --calls=2 --softcap=30",
-      "flash_probe: skipped, no usable GPU" } }) do
+      "flash_probe: skipped, no usable GPU" },
+    { "scripts/fp8_repeat_probe.lua", "--shape=2,4,256,128 --mask=no_mask --reps=4 --packed",
+      "fp8_repeat_probe: skipped, no usable GPU" } }) do
     it(c[1] .. " with good arguments and no GPU: skipped, exit 0", function()
       local out, rc = run(c[1], c[2])
       assert.equal(0, rc, out)
