@@ -15,34 +15,26 @@
 -- --section SourceCounters -o REPORT, then `ncu -i REPORT.ncu-rep --page source --csv --print-source sass > s.csv`
 -- and `python3 scripts/ncu_stalls.py s.csv`, session 15). Without a GPU it says so and
 -- exits 0; a malformed argument is an error naming it (exit 2).
-package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+package.path = "lua/?.lua;lua/?/init.lua;scripts/?.lua;" .. package.path
 local al = require "attnlab"
+local cli = require "cli_args"
 
 local USAGE = "usage: luajit scripts/flash_probe.lua [--shape=b,h,s,d] [--mask=no_mask|causal] [--dtype=bf16|f16] " ..
   "[--calls=N] [--softcap=CAP]"
-local function usage_error(msg)
-  io.stderr:write("flash_probe: " .. msg .. "\n" .. USAGE .. "\n")
-  os.exit(2)
-end
+local usage_error = cli.usage_error("flash_probe", USAGE)
 
 local shape, mask, dtype, calls, softcap = { 4, 16, 4096, 128 }, "no_mask", "bf16", 3, nil
 for _, a in ipairs(arg or {}) do
   local k, v = a:match("^%-%-([%w_]+)=(.*)$")
   if k == "shape" then
-    local b, h, s, d = v:match("^(%d+),(%d+),(%d+),(%d+)$")
-    shape = { tonumber(b), tonumber(h), tonumber(s), tonumber(d) }
-    if not b or shape[1] < 1 or shape[2] < 1 or shape[3] < 1 or shape[4] < 1 then
-      usage_error("--shape expects b,h,s,d (positive integers), got " .. v)
-    end
+    shape = cli.shape(v, usage_error)
   elseif k == "mask" then
-    if v ~= "no_mask" and v ~= "causal" then usage_error("--mask expects no_mask or causal, got " .. v) end
-    mask = v
+    mask = cli.mask(v, usage_error)
   elseif k == "dtype" then
     if v ~= "bf16" and v ~= "f16" then usage_error("--dtype expects bf16 or f16, got " .. v) end
     dtype = v
   elseif k == "calls" then
-    if not v:match("^%d+$") or tonumber(v) < 1 then usage_error("--calls expects a positive integer, got " .. v) end
-    calls = tonumber(v)
+    calls = cli.int("calls", v, 1, usage_error)
   elseif k == "softcap" then
     softcap = tonumber(v)
     if not softcap or softcap <= 0 then usage_error("--softcap expects a positive number, got " .. v) end

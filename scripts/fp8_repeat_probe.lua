@@ -14,14 +14,12 @@
 -- GPU it says so and exits 0; a malformed argument is an error naming it (exit 2). The environment reaches
 -- the library as usual: CUDA_LAUNCH_BLOCKING=1, ATTNLAB_DNN_PLAN_SKIP=k (cuDNN's next engine configs), and
 -- compute-sanitizer can wrap the process.
-package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+package.path = "lua/?.lua;lua/?/init.lua;scripts/?.lua;" .. package.path
 local al = require "attnlab"
+local cli = require "cli_args"
 
 local USAGE = "usage: luajit scripts/fp8_repeat_probe.lua [--shape=b,h,s,d] [--mask=no_mask|causal] [--reps=N] [--packed]"
-local function usage_error(msg)
-  io.stderr:write("fp8_repeat_probe: " .. msg .. "\n" .. USAGE .. "\n")
-  os.exit(2)
-end
+local usage_error = cli.usage_error("fp8_repeat_probe", USAGE)
 
 local shape, mask, reps, packed = { 2, 4, 128, 64 }, "causal", 3, false
 for _, a in ipairs(arg or {}) do
@@ -29,17 +27,11 @@ for _, a in ipairs(arg or {}) do
   if a == "--packed" then
     packed = true
   elseif k == "shape" then
-    local b, h, s, d = v:match("^(%d+),(%d+),(%d+),(%d+)$")
-    shape = { tonumber(b), tonumber(h), tonumber(s), tonumber(d) }
-    if not b or shape[1] < 1 or shape[2] < 1 or shape[3] < 1 or shape[4] < 1 then
-      usage_error("--shape expects b,h,s,d (positive integers), got " .. v)
-    end
+    shape = cli.shape(v, usage_error)
   elseif k == "mask" then
-    if v ~= "no_mask" and v ~= "causal" then usage_error("--mask expects no_mask or causal, got " .. v) end
-    mask = v
+    mask = cli.mask(v, usage_error)
   elseif k == "reps" then
-    if not v:match("^%d+$") or tonumber(v) < 2 then usage_error("--reps expects an integer >= 2, got " .. v) end
-    reps = tonumber(v)
+    reps = cli.int("reps", v, 2, usage_error)
   else
     usage_error("unknown argument " .. a)
   end
