@@ -582,6 +582,7 @@ static void set_scalars(fz_call *c, const al_dnn_cached_plan *e) {
     c->br_skv = (int32_t)p->skv;
     c->br_sq = (int32_t)p->sq;
     c->shift_right = (int32_t)(k->right > 0 ? k->right : 0);
+    /* e->flags: U_LEFT_BOUND is int32 in this graph (build_graph), else float */
     if (e->flags) c->left_i = (int32_t)k->left;
     else c->left_f = (float)(k->bottom_right ? k->left - p->skv + p->sq : k->left);
     c->ptr[U_SCALE] = &c->scale;
